@@ -136,12 +136,11 @@ def check(name: str, texts: list[str], n: int) -> tuple[int, int, float]:
         ok = "yes" if ours == ref else "NO"
         print(f"{name:14s} {text[:26]!r:28s} {len(ref):6d} {ok:>5s} {margin:7.4f} {speed:7.1f}")
         if ours != ref:
-            a, b = [
+            show = lambda t: (
                 f"{t[good]} {tok.decode(t[good])!r}" if good < len(t) else "end"
-                for t in (ours, ref)
-            ]
-            print(f"  first divergence at generated token {good}: ours {a}, transformers {b}, "
-                  f"top-2 margin there {float(margins[min(good, len(margins) - 1)]):.4f}")  # fmt: skip
+            )  # noqa
+            print(f"  first divergence at generated token {good}: ours {show(ours)}, transformers "
+                  f"{show(ref)}, top-2 margin there {float(margins[min(good, len(margins) - 1)]):.4f}")  # fmt: skip
         elif name == SMOLLM2:
             print(f"  -> {tok.decode(ours)!r}")
     return matched, total, min(margins_seen)
