@@ -3,8 +3,6 @@
 Safetensors in, a hand-written Llama/Mistral/Qwen2/Qwen3 forward pass, a contiguous KV cache,
 greedy decoding. Nothing here comes from minisgl."""
 
-from __future__ import annotations
-
 import json
 import math
 import sys
