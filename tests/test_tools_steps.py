@@ -1,0 +1,275 @@
+"""tools/steps.py on small fixture books: every rule of the staged build, and every way to
+break one, gives the verdict and the message a reader needs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Dict, Optional
+
+import pytest
+
+from tools.steps import Book, main, mask_output, parse_parity, run_chapter
+
+PARITY_OK = "parity: models=1 prompts=2 tokens=10/10 min_margin=0.5000"
+
+
+def _write(root: Path, files: Dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip("\n"))
+
+
+def make_book(root: Path, overrides: Dict[str, Optional[str]] | None = None) -> Path:
+    """Three chapters: 0 creates minisgl/core.py, 1 creates util.py and modifies core.py,
+    2 modifies util.py. `overrides` replaces files (None deletes one)."""
+    files = {
+        "chapters/book.toml": 'package = "minisgl"\nsupport = ["tests/support.py"]\n',
+        "tests/support.py": "HELPER = 1\n",
+        "chapters/ch00/manifest.toml": """
+            chapter = 0
+            title = "zero"
+            main = "examples/ch00_main.py"
+            tests = ["tests/test_ch00_core.py"]
+            creates = ["minisgl/__init__.py", "minisgl/core.py"]
+            """,
+        "chapters/ch00/minisgl/core.py": "VALUE = 0\n",
+        "chapters/ch01/manifest.toml": """
+            chapter = 1
+            title = "one"
+            page = "docs/ch01.md"
+            main = "examples/ch01_main.py"
+            tests = ["tests/test_ch01_util.py"]
+            creates = ["minisgl/util.py"]
+            modifies = ["minisgl/core.py"]
+            [prints]
+            mask = ['took [\\d.]+ s']
+            """,
+        "chapters/ch01/minisgl/util.py": "def double(x):\n    return 2 * x\n",
+        "chapters/ch02/manifest.toml": """
+            chapter = 2
+            title = "two"
+            main = "examples/ch02_main.py"
+            tests = ["tests/test_ch02_util.py"]
+            modifies = ["minisgl/util.py"]
+            [retire]
+            "tests/test_ch01_util.py" = "chapter 2 changes double() into triple()"
+            """,
+        "minisgl/__init__.py": "",
+        "minisgl/core.py": "VALUE = 1\n",
+        "minisgl/util.py": "def triple(x):\n    return 3 * x\n",
+        "examples/ch00_main.py": f"""
+            import minisgl.core
+            print("core", minisgl.core.VALUE)
+            print("{PARITY_OK}")
+            """,
+        "examples/ch01_main.py": f"""
+            from minisgl.util import double
+            print("double", double(2), "took 1.5 s")
+            print("{PARITY_OK}")
+            """,
+        "examples/ch02_main.py": f"""
+            from minisgl.util import triple
+            print("triple", triple(2))
+            print("{PARITY_OK}")
+            """,
+        "tests/test_ch00_core.py": """
+            import minisgl.core
+            def test_value():
+                assert minisgl.core.VALUE in (0, 1)
+            """,
+        "tests/test_ch01_util.py": """
+            from minisgl.util import double
+            def test_double():
+                assert double(3) == 6
+            """,
+        "tests/test_ch02_util.py": """
+            from minisgl.util import triple
+            def test_triple():
+                assert triple(3) == 9
+            """,
+        "docs/ch01.md": """
+            # One
+            <!-- prints: examples/ch01_main.py -->
+            ```text
+            double 4 took 0.9 s
+            parity: models=1 prompts=2 tokens=10/10 min_margin=0.5000
+            ```
+            """,
+    }
+    files.update(overrides or {})
+    _write(root, {k: v for k, v in files.items() if v is not None})
+    return root
+
+
+def check(root: Path, *numbers: int) -> tuple[int, str]:
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve().parents[1] / "tools" / "steps.py"),
+         "--root", str(root), "check", *map(str, numbers)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_a_good_book_passes_and_reports_each_chapter(tmp_path: Path) -> None:
+    code, out = check(make_book(tmp_path))
+    assert code == 0, out
+    assert "manifests: 3 chapters, 3 package files in the last tree; consistent" in out
+    rows = [line.split() for line in out.splitlines() if line[:3] in ("00 ", "01 ", "02 ")]
+    assert [r[0] for r in rows] == ["00", "01", "02"]
+    # chapter, files, main, tests passed, parity, min margin ... result
+    assert rows[0][1:4] == ["2", "ok", "1"] and rows[2][-1] == "ok"
+    assert "1 x 2, 10/10" in out and "0.5000" in out
+
+
+def test_versions_resolve_to_the_latest_writer(tmp_path: Path) -> None:
+    book = Book(make_book(tmp_path))
+    assert book.package_files(0)["minisgl/core.py"].read_text() == "VALUE = 0\n"
+    assert book.package_files(1)["minisgl/core.py"].read_text() == "VALUE = 1\n"
+    assert "double" in book.package_files(1)["minisgl/util.py"].read_text()
+    assert "triple" in book.package_files(2)["minisgl/util.py"].read_text()
+    assert book.tests_at(2) == ["tests/test_ch00_core.py", "tests/test_ch02_util.py"]
+
+
+def test_build_materialises_only_that_chapters_files(tmp_path: Path) -> None:
+    root = make_book(tmp_path / "book")
+    assert main(["--root", str(root), "build", "0", "--out", str(tmp_path / "t0")]) == 0
+    files = sorted(p.relative_to(tmp_path / "t0").as_posix() for p in (tmp_path / "t0").rglob("*") if p.is_file())
+    assert files == ["examples/ch00_main.py", "minisgl/__init__.py", "minisgl/core.py",
+                     "tests/support.py", "tests/test_ch00_core.py"]  # fmt: skip
+    assert (tmp_path / "t0" / "minisgl" / "core.py").read_text() == "VALUE = 0\n"
+
+
+def test_diff_shows_the_change_between_chapters(tmp_path: Path, capsys) -> None:
+    root = make_book(tmp_path)
+    assert main(["--root", str(root), "diff", "1", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "--- ch01/minisgl/util.py" in out and "+def triple(x):" in out and "-def double(x):" in out
+    assert "core.py" not in out
+
+
+def test_a_main_that_imports_a_later_chapters_module_fails_clearly(tmp_path: Path) -> None:
+    root = make_book(tmp_path, {"examples/ch00_main.py": f"import minisgl.util\nprint('{PARITY_OK}')\n"})
+    code, out = check(root, 0)
+    assert code != 0
+    assert "chapter 00 imports minisgl.util, which only chapter 01 creates" in out
+
+
+def test_a_chapter_without_the_package_cannot_import_an_installed_one(tmp_path: Path) -> None:
+    """An installed or repository copy of the package must not leak into a chapter's run."""
+    decoy = tmp_path / "decoy"
+    _write(decoy, {"minisgl/__init__.py": "", "minisgl/later.py": "X = 1\n"})
+    root = make_book(tmp_path / "book", {"examples/ch00_main.py": f"import minisgl.later\nprint('{PARITY_OK}')\n"})
+    env = {**os.environ, "PYTHONPATH": str(decoy)}
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve().parents[1] / "tools" / "steps.py"),
+         "--root", str(root), "check", "0"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "No module named 'minisgl.later'" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (  # creates a file that exists already
+            {"chapters/ch01/manifest.toml": 'chapter = 1\ntitle = "one"\nmain = "examples/ch01_main.py"\n'
+             'tests = ["tests/test_ch01_util.py"]\ncreates = ["minisgl/util.py", "minisgl/core.py"]\n'},
+            "chapter 01 says it creates minisgl/core.py, but chapter 00 already wrote it",
+        ),
+        (  # modifies a file nobody wrote
+            {"chapters/ch00/manifest.toml": 'chapter = 0\ntitle = "zero"\nmain = "examples/ch00_main.py"\n'
+             'tests = ["tests/test_ch00_core.py"]\ncreates = ["minisgl/__init__.py"]\nmodifies = ["minisgl/core.py"]\n'},
+            "chapter 00 says it modifies minisgl/core.py, which no earlier chapter wrote",
+        ),
+        (  # "modifies" with no change
+            {"chapters/ch00/minisgl/core.py": "VALUE = 1\n"},
+            "chapter 01 says it modifies minisgl/core.py, but its version is identical to chapter 00's",
+        ),
+        (  # a stray file in a chapter folder
+            {"chapters/ch01/minisgl/stray.py": "X = 1\n"},
+            "chapters/ch01/minisgl/stray.py should not be there: the manifest does not name it",
+        ),
+        (  # the last version kept in the chapter folder instead of the package
+            {"chapters/ch02/minisgl/util.py": "def triple(x):\n    return 3 * x\n"},
+            "chapters/ch02/minisgl/util.py should not be there: its last version belongs in the package folder",
+        ),
+        (  # the package holds a file no manifest writes
+            {"minisgl/extra.py": "X = 1\n"},
+            "minisgl/extra.py is in minisgl/, but no chapter's manifest writes it",
+        ),
+        (  # an earlier version is missing
+            {"chapters/ch00/minisgl/core.py": None},
+            "chapter 00 writes minisgl/core.py, but chapters/ch00/minisgl/core.py is missing",
+        ),
+        (  # retiring a test without saying why
+            {"chapters/ch02/manifest.toml": 'chapter = 2\ntitle = "two"\nmain = "examples/ch02_main.py"\n'
+             'tests = ["tests/test_ch02_util.py"]\nmodifies = ["minisgl/util.py"]\n[retire]\n"tests/test_ch01_util.py" = ""\n'},
+            "chapter 02 retires tests/test_ch01_util.py without a reason",
+        ),
+        (  # a chapter test file no manifest names
+            {"tests/test_ch01_orphan.py": "def test_x():\n    pass\n"},
+            "tests/test_ch01_orphan.py is not named by any chapter's manifest",
+        ),
+    ],
+    ids=["creates-existing", "modifies-missing", "modifies-unchanged", "stray-file",
+         "final-in-chapter-folder", "package-extra", "version-missing", "retire-no-reason",
+         "orphan-test"],  # fmt: skip
+)
+def test_manifests_that_lie_are_caught(tmp_path: Path, overrides: Dict[str, str], message: str) -> None:
+    root = make_book(tmp_path, overrides)
+    assert message in "\n".join(Book(root).verify())
+    code, out = check(root, 0)
+    assert code != 0 and message in out
+
+
+def test_a_failing_test_fails_the_chapter(tmp_path: Path) -> None:
+    root = make_book(tmp_path, {"tests/test_ch00_core.py": "def test_broken():\n    assert 1 == 2\n"})
+    code, out = check(root, 0)
+    assert code != 0 and "tests failed" in out and "0 passed, 1 failed" in out
+
+
+def test_a_parity_mismatch_fails_the_chapter(tmp_path: Path) -> None:
+    root = make_book(
+        tmp_path, {"examples/ch00_main.py": "print('parity: models=1 prompts=2 tokens=9/10 min_margin=0.5000')\n"}
+    )
+    code, out = check(root, 0)
+    assert code != 0 and "parity with transformers failed: 1 x 2, 9/10" in out
+
+
+def test_a_main_without_a_parity_line_fails(tmp_path: Path) -> None:
+    root = make_book(tmp_path, {"examples/ch00_main.py": "print('hello')\n"})
+    code, out = check(root, 0)
+    assert code != 0 and "printed no 'parity:' line" in out
+
+
+def test_a_stale_prints_block_fails_and_masks_only_what_varies(tmp_path: Path) -> None:
+    root = make_book(tmp_path)
+    assert check(root, 1)[0] == 0  # "took 0.9 s" in the page vs "took 1.5 s": masked
+    (root / "docs" / "ch01.md").write_text(
+        (root / "docs" / "ch01.md").read_text().replace("double 4", "double 5")
+    )
+    code, out = check(root, 1)
+    assert code != 0 and "block in docs/ch01.md is stale" in out and "+double 4" in out
+    assert main(["--root", str(root), "prints", "1", "--write"]) == 0
+    assert "double 4 took 1.5 s" in (root / "docs" / "ch01.md").read_text()
+    assert check(root, 1)[0] == 0
+
+
+def test_retired_tests_stop_running_from_their_chapter(tmp_path: Path) -> None:
+    root = make_book(tmp_path)
+    row = run_chapter(Book(root), 2)
+    assert row.ok, row.problems
+    assert row.passed == 2  # ch00's and ch02's, not ch01's (which would fail on triple())
+
+
+def test_parse_and_mask_helpers() -> None:
+    p = parse_parity("x\nparity: models=5 prompts=3 tokens=478/478 min_margin=0.0107\n")
+    assert p is not None and p.ok and str(p) == "5 x 3, 478/478" and p.margin == pytest.approx(0.0107)
+    assert parse_parity("no line") is None
+    assert mask_output("a 12.5\nb\n", [r"\s+[\d.]+$"]) == "a#\nb"
