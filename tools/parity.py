@@ -1,0 +1,214 @@
+"""Token-for-token parity with transformers, shared by the chapters' mains (01 on).
+
+A main hands :func:`run_parity` a function that generates greedily with the chapter's engine;
+this module runs transformers' ``generate`` on the same prompts (caching its answers, keyed by
+everything that could change them), compares every token, prints one row per prompt and the
+summary line that ``tools/steps.py check`` reads:
+
+    parity: models=5 prompts=3 tokens=478/478 min_margin=0.0107
+
+The device and dtype come from ``MINISGL_BOOK_DEVICE`` (default: cpu) and ``MINISGL_BOOK_DTYPE``
+(default: float32), so the same mains run on a GPU. Nothing here imports minisgl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
+
+from tools.models import PARITY_MODELS, SMOLLM2, cache_dir, ensure_model
+
+DEFAULT_TEXTS = ["The capital of France is", "def fibonacci(n):", "Name three primary colours."]
+# A generator: (model name, prompts as token ids, max new tokens) -> generated ids per prompt.
+Generate = Callable[[str, List[List[int]], int], List[List[int]]]
+
+
+def load_example(relative_path: str) -> ModuleType:
+    """Import an earlier chapter's main (say examples/ch00_step0.py) without running it."""
+    path = Path(__file__).resolve().parents[1] / relative_path
+    name = f"book_example_{path.stem}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None, f"cannot load {path}"
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def book_device() -> str:
+    return os.environ.get("MINISGL_BOOK_DEVICE", "cpu")
+
+
+def book_dtype():
+    import torch
+
+    return getattr(torch, os.environ.get("MINISGL_BOOK_DTYPE", "float32"))
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(ensure_model(name))
+
+
+def build_prompts(name: str, texts: Sequence[str] = DEFAULT_TEXTS) -> List[List[int]]:
+    """Token ids for `texts`; the last one goes through the model's chat template."""
+    tok = load_tokenizer(name)
+    chat = [{"role": "user", "content": texts[-1]}]
+    chat_text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    return [tok(t).input_ids for t in list(texts[:-1]) + [chat_text]]
+
+
+def eos_ids(name: str) -> List[int]:
+    config = json.loads((ensure_model(name) / "generation_config.json").read_text())
+    eos = config.get("eos_token_id")
+    return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+@dataclass
+class Reference:
+    tokens: List[int]
+    margins: List[float]  # top-1 minus top-2 logit, per generated token
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _reference_key(name: str, prompt: List[int], n: int, device: str, dtype: str) -> str:
+    import torch
+    import transformers
+
+    stamp = (ensure_model(name) / "book-model.json").read_text()
+    raw = json.dumps([stamp, prompt, n, device, dtype, transformers.__version__, torch.__version__])
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+_HF_MODELS: Dict[str, object] = {}
+
+
+def hf_references(name: str, prompts: List[List[int]], n: int) -> List[Reference]:
+    """transformers' greedy output for each prompt, computed once and cached on disk."""
+    import torch
+
+    device, dtype = book_device(), book_dtype()
+    dtype_name = str(dtype).removeprefix("torch.")
+    store = cache_dir() / "references" / f"{name}.json"
+    keys = [_reference_key(name, p, n, device, dtype_name) for p in prompts]
+    with _locked(store.with_suffix(".lock")):
+        known: Dict[str, Dict] = json.loads(store.read_text()) if store.exists() else {}
+        missing = [i for i, k in enumerate(keys) if k not in known]
+        if missing:
+            from transformers import AutoModelForCausalLM
+
+            hf = AutoModelForCausalLM.from_pretrained(ensure_model(name), dtype=dtype).to(device)
+            for i in missing:
+                with torch.inference_mode():
+                    out = hf.generate(
+                        torch.tensor([prompts[i]], device=device),
+                        attention_mask=torch.ones(1, len(prompts[i]), dtype=torch.long, device=device),
+                        max_new_tokens=n,
+                        do_sample=False,
+                        output_logits=True,
+                        return_dict_in_generate=True,
+                    )
+                top2 = torch.stack(out.logits)[:, 0].float().topk(2, dim=-1).values
+                known[keys[i]] = {
+                    "tokens": out.sequences[0, len(prompts[i]) :].tolist(),
+                    "margins": (top2[:, 0] - top2[:, 1]).tolist(),
+                }
+            tmp = store.with_suffix(".tmp")
+            tmp.write_text(json.dumps(known))
+            os.replace(tmp, store)
+    return [Reference(known[k]["tokens"], known[k]["margins"]) for k in keys]
+
+
+@dataclass
+class Comparison:
+    matched: int  # tokens equal before the first divergence
+    total: int  # tokens transformers generated
+    margin: float  # smallest top-2 margin over the compared tokens
+    divergence: Optional[int]  # first differing position, None when all equal
+
+
+def compare(ours: List[int], ref: Reference) -> Comparison:
+    pos = next(i for i, (a, b) in enumerate(zip(ours + [-1], ref.tokens + [-2])) if a != b)
+    same = ours == ref.tokens
+    upto = ref.margins[: pos + 1] or [math.inf]
+    return Comparison(pos, len(ref.tokens), min(upto), None if same else pos)
+
+
+@dataclass
+class Summary:
+    models: int = 0
+    prompts: int = 0
+    matched: int = 0
+    total: int = 0
+    margin: float = math.inf
+    failures: List[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and self.matched == self.total and self.total > 0
+
+    def line(self) -> str:
+        return (
+            f"parity: models={self.models} prompts={self.prompts} "
+            f"tokens={self.matched}/{self.total} min_margin={self.margin:.4f}"
+        )
+
+
+def run_parity(
+    generate: Generate,
+    models: Sequence[str] = PARITY_MODELS,
+    texts: Sequence[str] = DEFAULT_TEXTS,
+    max_new_tokens: int = 32,
+    show_text: bool = True,
+) -> Summary:
+    """Compare `generate` with transformers on every model and prompt; print the results."""
+    summary = Summary(models=len(models), prompts=len(texts))
+    print(f"{'model':14s} {'prompt':28s} {'tokens':>6s} {'match':>5s} {'margin':>7s} {'tok/s':>7s}")
+    for name in models:
+        prompts = build_prompts(name, texts)
+        refs = hf_references(name, prompts, max_new_tokens)
+        begin = time.perf_counter()
+        outputs = generate(name, prompts, max_new_tokens)
+        speed = sum(len(o) for o in outputs) / (time.perf_counter() - begin)
+        tok = load_tokenizer(name)
+        for text, ours, ref in zip(texts, outputs, refs):
+            c = compare(list(ours), ref)
+            summary.matched += c.matched
+            summary.total += c.total
+            summary.margin = min(summary.margin, c.margin)
+            ok = "yes" if c.divergence is None else "NO"
+            print(f"{name:14s} {text[:26]!r:28s} {c.total:6d} {ok:>5s} {c.margin:7.4f} {speed:7.1f}")
+            if c.divergence is not None:
+                summary.failures.append(f"{name} {text!r}")
+                pos = c.divergence
+                show = lambda t: f"{t[pos]} {tok.decode([t[pos]])!r}" if pos < len(t) else "end"  # noqa: E731
+                margin = ref.margins[min(pos, len(ref.margins) - 1)] if ref.margins else math.nan
+                print(f"  first divergence at generated token {pos}: ours {show(list(ours))}, "
+                      f"transformers {show(ref.tokens)}, top-2 margin there {margin:.4f}")  # fmt: skip
+            elif show_text and name == SMOLLM2:
+                print(f"  -> {tok.decode(list(ours))!r}")
+    print(summary.line())
+    return summary

@@ -1,0 +1,1 @@
+"""mini-sglang, rebuilt chapter by chapter in "mini-sglang from Scratch"."""

@@ -1,0 +1,145 @@
+"""mkdocs hooks that keep the text tied to the code (one source for each thing).
+
+In a page:
+
+    <!-- code[NN]: minisgl/core.py::Req -->       the source of Req as chapter NN has it
+    <!-- code[NN]: minisgl/core.py::Req.extend_len -->   a method
+    <!-- code[NN]: minisgl/core.py -->            a whole file at chapter NN
+    <!-- code: examples/ch00_step0.py::rms_norm -->  a file outside the package
+    <!-- tree[NN] -->                              chapter NN's package files, created /
+                                                   modified / early marked
+    <!-- roadmap -->                               every planned chapter and its status
+
+A marker that names a missing file or symbol stops the build with an error.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.steps import Book, BookError, tomllib  # noqa: E402
+
+CODE_RE = re.compile(r"^<!-- code(?:\[(?P<chapter>\d+)\])?: (?P<path>[^\s:]+)(?:::(?P<symbol>[\w.]+))? -->$", re.M)
+TREE_RE = re.compile(r"^<!-- tree\[(?P<chapter>\d+)\] -->$", re.M)
+ROADMAP_RE = re.compile(r"^<!-- roadmap -->$", re.M)
+
+
+def _source_path(book: Book, chapter: Optional[int], path: str) -> Path:
+    if chapter is not None and path.startswith(book.package + "/"):
+        files = book.package_files(chapter)
+        if path not in files:
+            raise BookError(f"{path} does not exist at chapter {chapter:02d}")
+        return files[path]
+    full = book.root / path
+    if not full.exists():
+        raise BookError(f"{path} does not exist")
+    return full
+
+
+def symbol_lines(source: str, qualname: str) -> Tuple[int, int]:
+    """1-based first and last line of a class, function or method (decorators included)."""
+    scope: List[ast.stmt] = ast.parse(source).body
+    node: Optional[ast.AST] = None
+    for part in qualname.split("."):
+        candidates = [
+            n for n in scope
+            if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == part
+        ]  # fmt: skip
+        if not candidates:
+            raise BookError(f"{qualname}: no {part!r}")
+        node = candidates[-1]
+        scope = getattr(node, "body", [])
+    assert node is not None
+    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    return first, node.end_lineno or node.lineno
+
+
+def render_code(book: Book, chapter: Optional[int], path: str, symbol: Optional[str]) -> str:
+    file = _source_path(book, chapter, path)
+    source = file.read_text()
+    lines = source.splitlines()
+    if symbol:
+        first, last = symbol_lines(source, symbol)
+    else:
+        first, last = 1, len(lines)
+    body = "\n".join(lines[first - 1 : last])
+    where = f"{path}" + (f" (chapter {chapter:02d})" if chapter is not None else "")
+    return f'```python title="{where}" linenums="{first}"\n{body}\n```'
+
+
+def render_tree(book: Book, chapter: int) -> str:
+    me = book.chapter(chapter)
+    files = sorted(book.package_files(chapter))
+    marks = {p: "created" for p in me.creates}
+    marks.update({p: "modified" for p in me.modifies})
+    marks.update({p: f"early (from a later chapter)" for p in me.early})
+    if not files:
+        return "*(no package files yet)*"
+    rows = []
+    previous: List[str] = []
+    for path in files:
+        parts = path.split("/")
+        common = 0
+        while common < min(len(previous), len(parts) - 1) and previous[common] == parts[common]:
+            common += 1
+        for depth in range(common, len(parts) - 1):
+            rows.append(("    " * depth + parts[depth] + "/", ""))
+        rows.append(("    " * (len(parts) - 1) + parts[-1], marks.get(path, "")))
+        previous = parts[:-1]
+    width = max(len(r[0]) for r in rows) + 2
+    text = "\n".join(f"{name:{width}}{('<- ' + mark) if mark else ''}".rstrip() for name, mark in rows)
+    return f"```text\n{text}\n```"
+
+
+def render_roadmap(book: Book) -> str:
+    settings = tomllib.loads((book.root / "chapters" / "book.toml").read_text())
+    written = {m.label: m for m in book.chapters if m.page}
+    rows = ["| # | chapter | what the engine can do at its end | status |", "| --- | --- | --- | --- |"]
+    for item in settings.get("plan", []):
+        label = item["number"]
+        title = item["title"]
+        if label in written:
+            page = Path(written[label].page).relative_to("docs").as_posix()
+            title = f"[{title}]({page})"
+            status = "written"
+        else:
+            status = "not yet written"
+        rows.append(f"| {label} | {title} | {item['summary']} | {status} |")
+    return "\n".join(rows)
+
+
+def expand(markdown: str, page_path: str, book: Optional[Book] = None) -> str:
+    book = book or Book(ROOT)
+    depth = page_path.count("/")
+    try:
+        markdown = CODE_RE.sub(
+            lambda m: render_code(
+                book, int(m["chapter"]) if m["chapter"] else None, m["path"], m["symbol"]
+            ),
+            markdown,
+        )
+        markdown = TREE_RE.sub(lambda m: render_tree(book, int(m["chapter"])), markdown)
+        roadmap = render_roadmap(book)
+        if depth:  # links in the table are relative to docs/
+            roadmap = re.sub(r"\]\(([^)]+)\)", lambda m: f"]({'../' * depth}{m[1]})", roadmap)
+        markdown = ROADMAP_RE.sub(lambda m: roadmap, markdown)
+    except BookError as e:
+        raise BookError(f"{page_path}: {e}") from e
+    return markdown
+
+
+_BOOK: Dict[str, Book] = {}
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:  # mkdocs hook
+    if "book" not in _BOOK:
+        _BOOK["book"] = Book(ROOT)
+    return expand(markdown, page.file.src_uri, _BOOK["book"])
