@@ -1,4 +1,5 @@
 from .activation import gelu_and_mul, silu_and_mul
+from .attention import AttentionLayer
 from .base import BaseOP, OPList, StateLessOP
 from .embedding import ParallelLMHead, VocabParallelEmbedding
 from .linear import (
@@ -14,6 +15,7 @@ from .rotary import get_rope, set_rope_device
 __all__ = [
     "silu_and_mul",
     "gelu_and_mul",
+    "AttentionLayer",
     "BaseOP",
     "StateLessOP",
     "OPList",
