@@ -1,4 +1,4 @@
-"""Chapter 03: configs, the generic decoder, and the streaming weight loader."""
+"""Chapter 03: configs, the model classes, and the streaming weight loader."""
 
 from __future__ import annotations
 
@@ -11,24 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+from transformers import AutoConfig, LlamaConfig
 
-from minisgl.core import Batch, Context, clear_global_ctx, set_global_ctx
 from minisgl.layers import set_rope_device
 from minisgl.models import ModelConfig, create_model, load_weight
 from minisgl.models.weight import _get_merge_info
 from minisgl.utils import cached_load_hf_config, download_hf_weight, load_tokenizer
 from tests.conftest import tiny_model_names
 from tools.models import PARITY_MODELS, SMOLLM2
-
-
-@pytest.fixture()
-def context():
-    clear_global_ctx()
-    ctx = Context(page_size=1)
-    set_global_ctx(ctx)
-    yield ctx
-    clear_global_ctx()
 
 
 def build(path: Path):
@@ -38,14 +28,6 @@ def build(path: Path):
         model = create_model(config)
     model.load_state_dict(dict(load_weight(str(path), torch.device("cpu"))))
     return config, model
-
-
-def run(ctx: Context, model, sequences):
-    batch = Batch(reqs=[], phase="prefill")
-    batch.input_ids = torch.tensor([t for s in sequences for t in s])
-    batch.positions = torch.cat([torch.arange(len(s)) for s in sequences])
-    with torch.inference_mode(), ctx.forward_batch(batch):
-        return model.forward()
 
 
 @pytest.mark.parametrize("name", PARITY_MODELS)
@@ -81,26 +63,6 @@ def test_unknown_architecture_is_refused_clearly() -> None:
     hf.architectures = ["GPT2LMHeadModel"]
     with pytest.raises(ValueError, match="GPT2LMHeadModel.*not supported"):
         create_model(ModelConfig.from_hf(hf))
-
-
-@pytest.mark.parametrize("name", PARITY_MODELS)
-def test_full_sequence_logits_match_transformers(name: str, model_path, context) -> None:
-    _, model = build(model_path(name))
-    hf = AutoModelForCausalLM.from_pretrained(model_path(name), dtype=torch.float32)
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, 49152, (29,), generator=g).tolist()
-    ours = run(context, model, [prompt])
-    with torch.inference_mode():
-        theirs = hf(torch.tensor([prompt])).logits[0]
-    torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-4)
-
-
-def test_sequences_side_by_side_do_not_see_each_other(model_path, context) -> None:
-    _, model = build(model_path("tiny-qwen3"))
-    a, b = [5, 60, 700, 8000], [11, 12, 13, 14, 15, 16, 17]
-    together = run(context, model, [a, b])
-    torch.testing.assert_close(together[:4], run(context, model, [a]), atol=5e-5, rtol=1e-4)
-    torch.testing.assert_close(together[4:], run(context, model, [b]), atol=5e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name", tiny_model_names())
@@ -184,16 +146,3 @@ def test_hf_helpers_on_local_folders(model_path, tmp_path: Path, monkeypatch) ->
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "hi!"
 
 
-def test_no_cache_generation_matches_step0(model_path) -> None:
-    from tests.support import load_example
-
-    ch03, step0 = load_example("examples/ch03_model.py"), load_example("examples/ch00_step0.py")
-    clear_global_ctx()
-    set_global_ctx(Context(page_size=1))
-    try:
-        prompts = [[9, 120, 3001], [77, 15, 16, 17, 18]]
-        ours = ch03.generate("tiny-llama3", prompts, 10)
-    finally:
-        clear_global_ctx()
-    model = step0.Step0Model(model_path("tiny-llama3"))
-    assert ours == [model.generate(p, 10) for p in prompts]

@@ -1,9 +1,9 @@
-"""The attention layer: q/k norms, RoPE, and attention over the batch.
+"""The attention layer: q/k norms, RoPE, the KV pool, and attention over it.
 
-In this chapter there is no KV cache yet: a batch holds whole sequences (every prompt from
-position 0), side by side, and each token attends to the tokens before it in its own
-sequence. A sequence starts wherever the positions go back to 0. Chapter 05 hands the last
-step to a pluggable attention backend that reads a paged KV cache.
+Each request of the batch brings its new tokens (its "extend" part: the whole prompt in a
+prefill, one token in a decode step). Their keys and values go into the KV pool at the slots
+`batch.out_loc`; then each request's queries attend to all of its keys, old and new, which
+the page table lists in order. Chapter 05 moves this last step into a pluggable backend.
 """
 
 from __future__ import annotations
@@ -59,23 +59,29 @@ class AttentionLayer(StateLessOP):
         if self.k_norm is not None:
             self.k_norm.forward_inplace(k.view(-1, self.num_kv_heads, self.head_dim))
         q, k = self.rotary.forward(positions, q, k)
-        n = qkv.shape[0]
-        o = _full_sequence_attention(
-            q.view(n, self.num_qo_heads, self.head_dim),
-            k.view(n, self.num_kv_heads, self.head_dim),
-            v.view(n, self.num_kv_heads, self.head_dim),
-            positions,
-        )
-        return o.reshape(n, self.qo_attn_dim)
+        ctx = get_global_ctx()
+        batch = ctx.batch
+        ctx.kv_cache.store_kv(k, v, batch.out_loc, self.layer_id)
+        k_cache = ctx.kv_cache.k_cache(self.layer_id).view(-1, self.num_kv_heads, self.head_dim)
+        v_cache = ctx.kv_cache.v_cache(self.layer_id).view(-1, self.num_kv_heads, self.head_dim)
+        q = q.view(-1, self.num_qo_heads, self.head_dim)
+        o = torch.empty_like(q)
+        start = 0
+        for req in batch.reqs:  # one request at a time; chapter 05 batches this
+            end = start + req.extend_len
+            slots = ctx.page_table[req.table_idx, : req.device_len].long()
+            o[start:end] = _attend(q[start:end], k_cache[slots], v_cache[slots], req.cached_len)
+            start = end
+        return o.view(-1, self.qo_attn_dim)
 
 
-def _full_sequence_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
-) -> torch.Tensor:
-    """Causal attention within each sequence of a batch of whole sequences. q: [n, heads, d]."""
-    sequence = torch.cumsum(positions == 0, dim=0)  # which sequence each token belongs to
-    index = torch.arange(len(positions), device=positions.device)
-    visible = (sequence[:, None] == sequence[None, :]) & (index[None, :] <= index[:, None])
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cached_len: int) -> torch.Tensor:
+    """q: [n, heads, d], the queries of positions cached_len .. cached_len+n-1; k, v: [L, kv_heads,
+    d] for positions 0 .. L-1. Query i sees keys up to its own position."""
+    n, length = q.shape[0], k.shape[0]
+    visible = torch.arange(length, device=q.device)[None, :] <= (
+        cached_len + torch.arange(n, device=q.device)[:, None]
+    )
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     o = F.scaled_dot_product_attention(

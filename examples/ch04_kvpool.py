@@ -1,0 +1,121 @@
+"""Chapter 04: the KV pool and the page table.
+
+One pool holds the keys and values of every request, in fixed-size pages. A request owns a
+list of pages; the page table maps (request slot, position) to the flat token slot where that
+position's K/V live. The model now decodes with a real KV cache: a prefill writes the prompt's
+K/V into the pool, and each decode step writes one token's and reads all of them back.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from minisgl.core import Batch, Context, Req, SamplingParams, get_global_ctx, set_global_ctx  # noqa: E402
+from minisgl.kvcache import create_kvcache_pool  # noqa: E402
+from minisgl.models import ModelConfig  # noqa: E402
+from minisgl.utils import cached_load_hf_config  # noqa: E402
+from tools.models import SMOLLM2, ensure_model  # noqa: E402
+from tools.parity import eos_ids, load_example, run_parity  # noqa: E402
+
+ch03 = load_example("examples/ch03_model.py")
+
+
+class PageAllocator:
+    """Hands out whole pages and writes the page table (a preview of chapter 08's manager)."""
+
+    def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor) -> None:
+        self.free_pages = list(range(num_pages))
+        self.page_size = page_size
+        self.page_table = page_table
+        self.pages: Dict[int, List[int]] = {}  # request slot -> its pages, in order
+
+    def slots_for(self, table_idx: int, start: int, end: int) -> torch.Tensor:
+        """Token slots for positions start..end-1 of a request, taking new pages as needed."""
+        pages = self.pages.setdefault(table_idx, [])
+        while len(pages) * self.page_size < end:
+            pages.append(self.free_pages.pop(0))
+        positions = torch.arange(start, end)
+        page_ids = torch.tensor(pages, dtype=torch.int64)[positions // self.page_size]
+        slots = (page_ids * self.page_size + positions % self.page_size).to(torch.int32)
+        self.page_table[table_idx, start:end] = slots
+        return slots
+
+    def release(self, table_idx: int) -> None:
+        self.free_pages.extend(self.pages.pop(table_idx, []))
+
+
+def prepare_batch(reqs: List[Req], phase: str, allocator: PageAllocator) -> Batch:
+    """The batch's tokens (each request's extend part), their positions and their K/V slots."""
+    batch = Batch(reqs=reqs, phase=phase)  # type: ignore[arg-type]
+    batch.padded_reqs = reqs
+    batch.input_ids = torch.cat([r.input_ids[r.cached_len : r.device_len] for r in reqs])
+    batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs])
+    batch.out_loc = torch.cat([allocator.slots_for(r.table_idx, r.cached_len, r.device_len) for r in reqs])
+    return batch
+
+
+def show_layout() -> None:
+    config = ModelConfig.from_hf(cached_load_hf_config(str(ensure_model(SMOLLM2))))
+    per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
+    print(f"SmolLM2-135M: 2 (K, V) x {config.num_layers} layers x {config.num_kv_heads} kv heads x "
+          f"{config.head_dim} dims x 4 bytes = {per_token} bytes ({per_token / 1024:.1f} KiB) per token")  # fmt: skip
+    lengths = [5, 9, 3]
+    for page_size in (1, 4, 16):
+        table = torch.zeros(3, 16, dtype=torch.int32)
+        allocator = PageAllocator(num_pages=64 // page_size, page_size=page_size, page_table=table)
+        for slot, length in enumerate(lengths):
+            allocator.slots_for(slot, 0, length)
+        used = sum(len(p) for p in allocator.pages.values())
+        waste = used * page_size - sum(lengths)
+        print(f"\npage_size={page_size:<2d}: requests of {lengths} tokens take {used} pages "
+              f"({used * page_size} slots, {waste} unused)")  # fmt: skip
+        for slot, length in enumerate(lengths):
+            print(f"  request {slot}: pages {allocator.pages[slot]}, page table row "
+                  f"{table[slot, :length].tolist()}")  # fmt: skip
+    print()
+
+
+def generate(name: str, prompts: List[List[int]], n: int, page_size: int = 4) -> List[List[int]]:
+    """Greedy decoding with a paged KV cache: one prefill of every prompt, then decode steps."""
+    config, model, _ = ch03.build(name)
+    ctx = get_global_ctx()
+    max_len = max(len(p) for p in prompts) + n
+    num_pages = len(prompts) * (max_len // page_size + 1)
+    ctx.kv_cache = create_kvcache_pool(config, num_pages, page_size, torch.float32, torch.device("cpu"))
+    ctx.page_table = torch.zeros(len(prompts), max_len, dtype=torch.int32)
+    allocator = PageAllocator(num_pages, page_size, ctx.page_table)
+    reqs = [Req(input_ids=torch.tensor(p, dtype=torch.int32), table_idx=i, cached_len=0,
+                output_len=n, uid=i, sampling_params=SamplingParams(max_tokens=n),
+                cache_handle=None) for i, p in enumerate(prompts)]  # type: ignore[arg-type]  # fmt: skip
+    eos, running, phase = set(eos_ids(name)), list(reqs), "prefill"
+    outputs: Dict[int, List[int]] = {r.uid: [] for r in reqs}
+    while running:
+        batch = prepare_batch(running, phase, allocator)
+        with torch.inference_mode(), ctx.forward_batch(batch):
+            logits = model.forward()
+        last = torch.cumsum(torch.tensor([r.extend_len for r in running]), 0) - 1
+        for req, token in zip(running, logits[last].argmax(dim=-1).tolist()):
+            req.complete_one()
+            req.append_host(torch.tensor([token], dtype=torch.int32))
+            outputs[req.uid].append(token)
+        finished = [r for r in running if outputs[r.uid][-1] in eos or not r.can_decode]
+        for req in finished:
+            allocator.release(req.table_idx)
+        running, phase = [r for r in running if r not in finished], "decode"
+    assert len(allocator.free_pages) == num_pages, "every page is back"
+    return [outputs[r.uid] for r in reqs]
+
+
+def main() -> int:
+    set_global_ctx(Context(page_size=4))
+    show_layout()
+    return 0 if run_parity(generate).ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
