@@ -22,5 +22,5 @@ def store_cache(
     num_slots = k_cache.shape[0]
     k_flat, v_flat = k_cache.view(num_slots, -1), v_cache.view(num_slots, -1)
     index = indices.long()
-    k_flat.index_copy_(0, index, k.reshape(len(index), -1).to(k_flat.dtype))
-    v_flat.index_copy_(0, index, v.reshape(len(index), -1).to(v_flat.dtype))
+    k_flat.index_copy_(0, index, k.reshape(len(index), k_flat.shape[1]).to(k_flat.dtype))
+    v_flat.index_copy_(0, index, v.reshape(len(index), v_flat.shape[1]).to(v_flat.dtype))

@@ -154,7 +154,10 @@ class DecoderForCausalLM(BaseLLMModel):
         super().__init__()
 
     def forward(self) -> torch.Tensor:
-        hidden = self.model.forward(get_global_ctx().batch.input_ids)
+        batch = get_global_ctx().batch
+        hidden = self.model.forward(batch.input_ids)
+        if batch.is_prefill:  # only each request's last token predicts a new one
+            hidden = hidden[batch.attn_metadata.get_last_indices(batch.size)]
         return self.lm_head.forward(hidden)
 
 
