@@ -1133,6 +1133,28 @@ FIGURES: dict[str, Callable[[], str]] = {
 }
 
 
+def _chapter_figures() -> dict[str, Callable[[], str]]:
+    """Figures of the chapters, one module each in tools/chapter_figures/ (chNN.py), each
+    with its own FIGURES dict; they build on the Svg helper above."""
+    import importlib.util
+
+    found: dict[str, Callable[[], str]] = {}
+    folder = Path(__file__).resolve().parent / "chapter_figures"
+    for path in sorted(folder.glob("ch*.py")):
+        spec = importlib.util.spec_from_file_location(f"tools.chapter_figures.{path.stem}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for name, fn in module.FIGURES.items():
+            if name in FIGURES or name in found:
+                raise KeyError(f"figure {name!r} of {path.name} is defined twice")
+            found[name] = fn
+    return found
+
+
+FIGURES.update(_chapter_figures())
+
+
 def generate(out_dir: str | Path = DEFAULT_OUT, names: Iterable[str] | None = None) -> list[Path]:
     """Write the figures to ``out_dir/<name>.svg``; return the paths written or unchanged.
 
