@@ -20,16 +20,16 @@ from minisgl.layers import set_rope_device  # noqa: E402
 from minisgl.models import BaseLLMModel, ModelConfig, create_model, load_weight  # noqa: E402
 from minisgl.utils import cached_load_hf_config  # noqa: E402
 from tools.models import PARITY_MODELS, ensure_model  # noqa: E402
-from tools.parity import build_prompts, eos_ids, run_parity  # noqa: E402
+from tools.parity import book_device, book_dtype, build_prompts, eos_ids, run_parity  # noqa: E402
 
 
 def build(name: str) -> Tuple[ModelConfig, BaseLLMModel, int]:
-    path = str(ensure_model(name))
+    path, device, dtype = str(ensure_model(name)), torch.device(book_device()), book_dtype()
     config = ModelConfig.from_hf(cached_load_hf_config(path))
-    set_rope_device(torch.device("cpu"))
+    set_rope_device(device)
     with torch.device("meta"):  # shapes only: the loader provides the real tensors
         model = create_model(config)
-    weights = dict(load_weight(path, torch.device("cpu")))
+    weights = {k: v.to(dtype) for k, v in load_weight(path, device)}
     count = len(weights)
     model.load_state_dict(weights)
     return config, model, count
@@ -38,8 +38,8 @@ def build(name: str) -> Tuple[ModelConfig, BaseLLMModel, int]:
 def forward_sequences(model: BaseLLMModel, sequences: List[List[int]]) -> torch.Tensor:
     """Logits for every token of several whole sequences, run side by side in one batch."""
     batch = Batch(reqs=[], phase="prefill")
-    batch.input_ids = torch.tensor([t for s in sequences for t in s])
-    batch.positions = torch.cat([torch.arange(len(s)) for s in sequences])
+    batch.input_ids = torch.tensor([t for s in sequences for t in s], device=book_device())
+    batch.positions = torch.cat([torch.arange(len(s)) for s in sequences]).to(book_device())
     with torch.inference_mode(), get_global_ctx().forward_batch(batch):
         return model.forward()
 
@@ -53,16 +53,17 @@ def compare_logits() -> None:
         config, model, count = build(name)
         prompt = build_prompts(name)[2]  # the chat prompt: the longest
         ours = forward_sequences(model, [prompt])
-        hf = AutoModelForCausalLM.from_pretrained(ensure_model(name), dtype=torch.float32)
+        hf = AutoModelForCausalLM.from_pretrained(ensure_model(name), dtype=book_dtype())
+        hf = hf.to(book_device())
         with torch.inference_mode():
-            theirs = hf(torch.tensor([prompt])).logits[0]
+            theirs = hf(torch.tensor([prompt], device=book_device())).logits[0]
         rope = (config.rotary_config.scaling or {}).get("rope_type", "default")
-        diff = float((ours - theirs).abs().max())
+        diff = float((ours.float() - theirs.float()).abs().max())
         print(f"{name:14s} {config.architectures[0]:20s} {config.num_layers:6d} "
               f"{config.num_qo_heads:>5d}/{config.num_kv_heads:<4d} {config.head_dim:8d} "
               f"{str(config.tie_word_embeddings):>5s} {rope:>8s} {count:7d} {diff:17.2e}")  # fmt: skip
-        assert diff < 1e-3, f"{name}: logits differ by {diff}"
-    print(f"(each over all {len(prompt)} positions of the chat prompt; float32)\n")
+        assert diff < 1e-3 or book_dtype() != torch.float32, f"{name}: logits differ by {diff}"
+    print(f"(each over all {len(prompt)} positions of the chat prompt; {str(book_dtype())[6:]})\n")
 
 
 def generate(name: str, prompts: List[List[int]], n: int) -> List[List[int]]:

@@ -20,7 +20,7 @@ from minisgl.kvcache import create_kvcache_pool  # noqa: E402
 from minisgl.models import ModelConfig  # noqa: E402
 from minisgl.utils import cached_load_hf_config  # noqa: E402
 from tools.models import SMOLLM2, ensure_model  # noqa: E402
-from tools.parity import eos_ids, load_example, run_parity  # noqa: E402
+from tools.parity import book_device, book_dtype, eos_ids, load_example, run_parity  # noqa: E402
 
 ch03 = load_example("examples/ch03_model.py")
 
@@ -42,7 +42,7 @@ class PageAllocator:
         positions = torch.arange(start, end)
         page_ids = torch.tensor(pages, dtype=torch.int64)[positions // self.page_size]
         slots = (page_ids * self.page_size + positions % self.page_size).to(torch.int32)
-        self.page_table[table_idx, start:end] = slots
+        self.page_table[table_idx, start:end] = slots.to(self.page_table.device)
         return slots
 
     def release(self, table_idx: int) -> None:
@@ -56,6 +56,9 @@ def prepare_batch(reqs: List[Req], phase: str, allocator: PageAllocator) -> Batc
     batch.input_ids = torch.cat([r.input_ids[r.cached_len : r.device_len] for r in reqs])
     batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs])
     batch.out_loc = torch.cat([allocator.slots_for(r.table_idx, r.cached_len, r.device_len) for r in reqs])
+    device = allocator.page_table.device  # where the engine runs
+    batch.input_ids, batch.positions = batch.input_ids.to(device), batch.positions.to(device)
+    batch.out_loc = batch.out_loc.to(device)
     return batch
 
 
@@ -86,8 +89,9 @@ def generate(name: str, prompts: List[List[int]], n: int, page_size: int = 4) ->
     ctx = get_global_ctx()
     max_len = max(len(p) for p in prompts) + n
     num_pages = len(prompts) * (max_len // page_size + 1)
-    ctx.kv_cache = create_kvcache_pool(config, num_pages, page_size, torch.float32, torch.device("cpu"))
-    ctx.page_table = torch.zeros(len(prompts), max_len, dtype=torch.int32)
+    device = torch.device(book_device())
+    ctx.kv_cache = create_kvcache_pool(config, num_pages, page_size, book_dtype(), device)
+    ctx.page_table = torch.zeros(len(prompts), max_len, dtype=torch.int32, device=device)
     allocator = PageAllocator(num_pages, page_size, ctx.page_table)
     reqs = [Req(input_ids=torch.tensor(p, dtype=torch.int32), table_idx=i, cached_len=0,
                 output_len=n, uid=i, sampling_params=SamplingParams(max_tokens=n),
@@ -98,7 +102,7 @@ def generate(name: str, prompts: List[List[int]], n: int, page_size: int = 4) ->
         batch = prepare_batch(running, phase, allocator)
         with torch.inference_mode(), ctx.forward_batch(batch):
             logits = model.forward()
-        last = torch.cumsum(torch.tensor([r.extend_len for r in running]), 0) - 1
+        last = torch.cumsum(torch.tensor([r.extend_len for r in running]), 0).to(logits.device) - 1
         for req, token in zip(running, logits[last].argmax(dim=-1).tolist()):
             req.complete_one()
             req.append_host(torch.tensor([token], dtype=torch.int32))

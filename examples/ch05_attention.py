@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minisgl.attention import create_attention_backend  # noqa: E402
 from minisgl.core import Context, Req, SamplingParams, get_global_ctx, set_global_ctx  # noqa: E402
 from minisgl.kvcache import create_kvcache_pool  # noqa: E402
-from tools.parity import eos_ids, load_example, run_parity  # noqa: E402
+from tools.parity import book_device, book_dtype, eos_ids, load_example, run_parity  # noqa: E402
 
 ch04 = load_example("examples/ch04_kvpool.py")
 
@@ -33,8 +33,9 @@ def setup(name: str, num_pages: int, page_size: int, rows: int, max_len: int, ba
     config, model, _ = ch04.ch03.build(name)
     ctx = get_global_ctx()
     ctx.page_size = page_size
-    ctx.kv_cache = create_kvcache_pool(config, num_pages, page_size, torch.float32, torch.device("cpu"))
-    ctx.page_table = torch.zeros(rows, max_len, dtype=torch.int32)
+    device = torch.device(book_device())
+    ctx.kv_cache = create_kvcache_pool(config, num_pages, page_size, book_dtype(), device)
+    ctx.page_table = torch.zeros(rows, max_len, dtype=torch.int32, device=device)
     ctx.attn_backend = create_attention_backend(backend, config)
     return config, model, ch04.PageAllocator(num_pages, page_size, ctx.page_table)
 

@@ -7,8 +7,10 @@ summary line that ``tools/steps.py check`` reads:
 
     parity: models=5 prompts=3 tokens=478/478 min_margin=0.0107
 
-The device and dtype come from ``MINISGL_BOOK_DEVICE`` (default: cpu) and ``MINISGL_BOOK_DTYPE``
-(default: float32), so the same mains run on a GPU. Nothing here imports minisgl.
+The device and dtype come from ``MINISGL_BOOK_DEVICE`` (default: the GPU if there is one, else
+the CPU) and ``MINISGL_BOOK_DTYPE`` (default: float32), so the same mains run on a GPU. Step 0
+and the mains that reuse its model (chapters 00-02) always run on the CPU in float32.
+Nothing here imports minisgl.
 """
 
 from __future__ import annotations
@@ -48,7 +50,15 @@ def load_example(relative_path: str) -> ModuleType:
 
 
 def book_device() -> str:
-    return os.environ.get("MINISGL_BOOK_DEVICE", "cpu")
+    """Where the mains run the models: $MINISGL_BOOK_DEVICE, else the GPU when there is one
+    (unless MINISGL_DEVICE=cpu, which also keeps the engine on the CPU)."""
+    import torch
+
+    if "MINISGL_BOOK_DEVICE" in os.environ:
+        return os.environ["MINISGL_BOOK_DEVICE"]
+    if os.environ.get("MINISGL_DEVICE") != "cpu" and torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
 
 
 def book_dtype():
