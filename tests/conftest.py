@@ -17,6 +17,10 @@ if str(ROOT) not in sys.path:
 from tools.models import ensure_model  # noqa: E402
 
 IN_CHAPTER_TREE = "MINISGL_BOOK_CHAPTER" in os.environ
+# The tests are written for the CPU: they compare with transformers there. The mains follow
+# the GPU when there is one (tools/parity.py).
+os.environ["MINISGL_DEVICE"] = "cpu"
+os.environ["MINISGL_BOOK_DEVICE"] = "cpu"
 
 
 def _retired() -> dict:

@@ -149,7 +149,14 @@ TINY_MODELS: Dict[str, TinySpec] = {
 }
 
 # The models every chapter's main checks against transformers, in this order.
-PARITY_MODELS: List[str] = [*TINY_MODELS, SMOLLM2]
+# $MINISGL_BOOK_MODELS (comma-separated names) narrows the list, e.g. on a machine that cannot
+# download SmolLM2.
+PARITY_MODELS: List[str] = [
+    name
+    for name in [*TINY_MODELS, SMOLLM2]
+    if not os.environ.get("MINISGL_BOOK_MODELS")
+    or name in os.environ["MINISGL_BOOK_MODELS"].split(",")
+]
 
 
 def all_model_names() -> List[str]:
@@ -192,8 +199,8 @@ def _is_current(folder: Path, name: str) -> bool:
 
 def ensure_model(name: str) -> Path:
     """Return the folder of a reference model, building it first if needed."""
-    if name not in PARITY_MODELS:
-        raise KeyError(f"unknown reference model {name!r}; known: {PARITY_MODELS}")
+    if name not in TINY_MODELS and name != SMOLLM2:
+        raise KeyError(f"unknown reference model {name!r}; known: {[*TINY_MODELS, SMOLLM2]}")
     folder = cache_dir() / "models" / name
     if _is_current(folder, name):
         return folder
@@ -263,7 +270,9 @@ def _build_tiny(spec: TinySpec, out: Path) -> None:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(ensure_model(SMOLLM2)))
+    # SmolLM2's tokenizer; $MINISGL_BOOK_TOKENIZER may name a folder holding a copy of it
+    source = os.environ.get("MINISGL_BOOK_TOKENIZER") or str(ensure_model(SMOLLM2))
+    tokenizer = AutoTokenizer.from_pretrained(source)
     config_class = getattr(transformers, spec.config_class)
     config = config_class(**_COMMON, **spec.config, initializer_range=spec.init_std)
     torch.manual_seed(spec.seed)
