@@ -1,13 +1,22 @@
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from .base import BaseKVCachePool
+from minisgl.utils import Registry
+
+from .base import BaseCacheHandle, BaseKVCachePool, BasePrefixCache, MatchResult, SizeInfo
 
 if TYPE_CHECKING:
     import torch
 
     from minisgl.models import ModelConfig
+
+
+class CacheManagerCreator(Protocol):
+    def __call__(self, device: torch.device) -> BasePrefixCache: ...
+
+
+SUPPORTED_CACHE_MANAGER = Registry[CacheManagerCreator]("Cache Manager")
 
 
 def create_kvcache_pool(
@@ -30,4 +39,24 @@ def create_kvcache_pool(
     )
 
 
-__all__ = ["create_kvcache_pool", "BaseKVCachePool"]
+@SUPPORTED_CACHE_MANAGER.register("naive")
+def create_naive_cache(device: torch.device) -> BasePrefixCache:
+    from .naive_cache import NaivePrefixCache
+
+    return NaivePrefixCache(device=device)
+
+
+def create_prefix_cache(device: torch.device, type: str) -> BasePrefixCache:
+    return SUPPORTED_CACHE_MANAGER[type](device)
+
+
+__all__ = [
+    "create_kvcache_pool",
+    "create_prefix_cache",
+    "BaseKVCachePool",
+    "BaseCacheHandle",
+    "BasePrefixCache",
+    "SizeInfo",
+    "MatchResult",
+    "SUPPORTED_CACHE_MANAGER",
+]

@@ -19,5 +19,6 @@ class BatchTokenizerMsg(BaseTokenizerMsg):
 @dataclass
 class DetokenizeMsg(BaseTokenizerMsg):
     uid: int
-    next_token: int
+    next_token: int  # -1 when the request was refused
     finished: bool
+    error: str | None = None  # why a request was refused (it then carries no token)

@@ -1,20 +1,23 @@
 """Admitting waiting requests into a prefill batch.
 
-This first version admits requests in arrival order while there is a free request slot and
-prompt-token budget left; chapter 08 adds the memory check and the prefix cache, chapter 10
-splits prompts that do not fit the budget.
+Requests are admitted in arrival order while there is a free request slot, prompt-token
+budget left, and memory for the whole request: the prompt tokens it must compute plus every
+token it may generate, on top of what the running requests may still need. A request that
+does not fit waits; nothing is ever admitted that could run out of pages later. Chapter 10
+splits prompts that do not fit the token budget.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, List, Tuple
 
 from minisgl.core import Batch, Req
 
 from .utils import PendingReq
 
 if TYPE_CHECKING:
+    from minisgl.kvcache import BaseCacheHandle
     from minisgl.message import UserMsg
 
     from .cache import CacheManager
@@ -24,28 +27,63 @@ if TYPE_CHECKING:
 
 @dataclass
 class PrefillAdder:
-    token_budget: int
+    token_budget: int  # prompt tokens this batch may still compute
+    reserved_size: int  # token slots already promised (running requests, earlier admissions)
     cache_manager: CacheManager
     table_manager: TableManager
 
-    def try_add_one(self, pending_req: PendingReq) -> Req | None:
-        if self.token_budget <= 0 or self.table_manager.available_size == 0:
+    def _try_allocate_one(self, req: PendingReq) -> Tuple[BaseCacheHandle, int] | None:
+        """A request slot and a locked prefix match for `req`, if its whole future fits."""
+        if self.table_manager.available_size == 0:
+            return None
+        handle = self.cache_manager.match_req(req).cuda_handle
+        extend_len = req.input_len - handle.cached_len
+        estimated_len = extend_len + req.output_len
+        if estimated_len + self.reserved_size > self.cache_manager.available_size:
+            return None
+        # locking takes the matched prefix out of the evictable part: check again
+        self.cache_manager.lock(handle)
+        if estimated_len + self.reserved_size > self.cache_manager.available_size:
+            self.cache_manager.unlock(handle)
             return None
         table_idx = self.table_manager.allocate()
-        self.token_budget -= pending_req.input_len
-        # the prompt goes into the request's row of the token pool, where the forward pass
-        # reads its input ids
-        row = self.table_manager.token_pool[table_idx, : pending_req.input_len]
-        row.copy_(pending_req.input_ids, non_blocking=True)
+        if handle.cached_len > 0:  # the matched prefix: its tokens and its KV slots
+            cached = slice(0, handle.cached_len)
+            self.table_manager.token_pool[table_idx, cached].copy_(req.input_ids[cached])
+            self.table_manager.page_table[table_idx, cached].copy_(handle.get_matched_indices())
+        return handle, table_idx
+
+    def _add_one_req(
+        self,
+        pending_req: PendingReq,
+        cache_handle: BaseCacheHandle,
+        table_idx: int,
+        cached_len: int,
+    ) -> Req:
+        remain_len = pending_req.input_len - cached_len
+        self.token_budget -= remain_len
+        self.reserved_size += remain_len + pending_req.output_len
+        # the rest of the prompt goes into the token pool, where the forward pass reads it;
+        # its pages are allocated when the batch is prepared
+        rest = slice(cached_len, pending_req.input_len)
+        self.table_manager.token_pool[table_idx, rest].copy_(pending_req.input_ids[rest])
         return Req(
             input_ids=pending_req.input_ids,
             table_idx=table_idx,
-            cached_len=0,
+            cached_len=cached_len,
             output_len=pending_req.output_len,
             uid=pending_req.uid,
             sampling_params=pending_req.sampling_params,
-            cache_handle=None,  # type: ignore[arg-type]  # chapter 08's prefix cache
+            cache_handle=cache_handle,
         )
+
+    def try_add_one(self, pending_req: PendingReq) -> Req | None:
+        if self.token_budget <= 0:
+            return None
+        if resource := self._try_allocate_one(pending_req):
+            cache_handle, table_idx = resource
+            return self._add_one_req(pending_req, cache_handle, table_idx, cache_handle.cached_len)
+        return None
 
 
 @dataclass
@@ -61,7 +99,12 @@ class PrefillManager:
     def schedule_next_batch(self, prefill_budget: int) -> Batch | None:
         if not self.pending_list:
             return None
-        adder = PrefillAdder(prefill_budget, self.cache_manager, self.table_manager)
+        adder = PrefillAdder(
+            token_budget=prefill_budget,
+            reserved_size=self.decode_manager.inflight_tokens,  # what running requests may need
+            cache_manager=self.cache_manager,
+            table_manager=self.table_manager,
+        )
         reqs: List[Req] = []
         for pending_req in self.pending_list:
             req = adder.try_add_one(pending_req)

@@ -15,6 +15,7 @@ Requests join and leave between any two steps (continuous batching).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, List, NamedTuple, Set, Tuple, TypeAlias
 
 import torch
@@ -62,7 +63,9 @@ class Scheduler:
         self.engine = Engine(config)
         self.device = self.engine.device
         self.table_manager = TableManager(config.max_running_req, self.engine.page_table)
-        self.cache_manager = CacheManager(self.engine.num_pages, config.page_size, self.engine.page_table)
+        self.cache_manager = CacheManager(
+            self.engine.num_pages, config.page_size, self.engine.page_table, config.cache_type
+        )
         self.decode_manager = DecodeManager(config.page_size)
         self.prefill_manager = PrefillManager(
             self.cache_manager, self.table_manager, self.decode_manager
@@ -84,8 +87,10 @@ class Scheduler:
         raise NotImplementedError("a driver of the scheduler takes its results")
 
     def run_when_idle(self) -> None:
-        """Called when nothing is runnable, before waiting for the next message."""
+        """Called when nothing is runnable, before waiting for the next message: a good time
+        to prove that every page is free or cached."""
         logger.info_rank0("scheduler idle, waiting for requests")
+        self.cache_manager.check_integrity()
 
     def normal_loop(self) -> None:
         blocking = not (self.prefill_manager.runnable or self.decode_manager.runnable)
@@ -112,17 +117,20 @@ class Scheduler:
         batch, (_, next_tokens_cpu, copy_done) = last_data[0].batch, last_data[1]
         copy_done.synchronize()  # the sampled tokens are on the host
         reply: List[DetokenizeMsg] = []
-        for i, req in enumerate(batch.reqs):
-            next_token = next_tokens_cpu[i]
-            req.append_host(next_token.unsqueeze(0))
-            token = int(next_token.item())
-            finished = not req.can_decode
-            if not req.sampling_params.ignore_eos:
-                finished |= token == self.eos_token_id
-            reply.append(DetokenizeMsg(uid=req.uid, next_token=token, finished=finished))
-            if finished:
-                self.decode_manager.remove_req(req)
-                self._free_req_resources(req)
+        with self.cache_manager.lazy_free_region():
+            for i, req in enumerate(batch.reqs):
+                next_token = next_tokens_cpu[i]
+                req.append_host(next_token.unsqueeze(0))
+                token = int(next_token.item())
+                finished = not req.can_decode
+                if not req.sampling_params.ignore_eos:
+                    finished |= token == self.eos_token_id
+                reply.append(DetokenizeMsg(uid=req.uid, next_token=token, finished=finished))
+                if finished:
+                    self.decode_manager.remove_req(req)
+                    self._free_req_resources(req)
+                elif batch.is_prefill:  # the prompt's K/V go into the prefix cache
+                    self.cache_manager.cache_req(req, finished=False)
         self.send_result(reply)
 
     def _process_one_msg(self, msg: BaseBackendMsg) -> None:
@@ -132,6 +140,20 @@ class Scheduler:
         elif isinstance(msg, ExitMsg):
             raise KeyboardInterrupt
         elif isinstance(msg, UserMsg):
+            input_len, max_seq_len = len(msg.input_ids), self.engine.max_seq_len
+            if input_len == 0 or input_len >= max_seq_len:
+                reason = (
+                    f"the prompt has {input_len} tokens; this engine takes 1 to "
+                    f"{max_seq_len - 1} (its longest sequence is {max_seq_len} tokens)"
+                )
+                logger.warning_rank0(f"request {msg.uid} refused: {reason}")
+                self.send_result([DetokenizeMsg(msg.uid, -1, finished=True, error=reason)])
+                return
+            if msg.sampling_params.max_tokens > max_seq_len - input_len:
+                # the sequence must fit the engine: the output is capped, not refused (on a
+                # copy: one SamplingParams object may be shared by many requests)
+                capped = replace(msg.sampling_params, max_tokens=max_seq_len - input_len)
+                msg = replace(msg, sampling_params=capped)
             self.prefill_manager.add_one_req(msg)
         elif isinstance(msg, AbortBackendMsg):
             req = self.prefill_manager.abort_req(msg.uid) or self.decode_manager.abort_req(msg.uid)
