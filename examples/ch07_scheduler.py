@@ -47,6 +47,7 @@ class ScriptedScheduler(Scheduler):
         if blocking:  # idle: nothing runs until the next request arrives
             if not self.arrivals:
                 raise AllDone
+            self.run_when_idle()
             self.step = max(self.step, self.arrivals[0][0])
         arrived = [msg for when, msg in self.arrivals if when <= self.step]
         self.arrivals = [(when, msg) for when, msg in self.arrivals if when > self.step]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Tuple
 
 from minisgl.core import Batch, Req
+from minisgl.utils import align_ceil
 
 from .utils import PendingReq
 
@@ -37,8 +38,7 @@ class PrefillAdder:
         if self.table_manager.available_size == 0:
             return None
         handle = self.cache_manager.match_req(req).cuda_handle
-        extend_len = req.input_len - handle.cached_len
-        estimated_len = extend_len + req.output_len
+        estimated_len = self._new_slots(req, handle.cached_len)
         if estimated_len + self.reserved_size > self.cache_manager.available_size:
             return None
         # locking takes the matched prefix out of the evictable part: check again
@@ -53,6 +53,12 @@ class PrefillAdder:
             self.table_manager.page_table[table_idx, cached].copy_(handle.get_matched_indices())
         return handle, table_idx
 
+    def _new_slots(self, req: PendingReq, cached_len: int) -> int:
+        """Token slots the request will take beyond its cached prefix, to its last possible
+        token, counted in whole pages: its last page may be only partly used."""
+        page_size = self.cache_manager.page_size
+        return align_ceil(req.input_len + req.output_len, page_size) - cached_len
+
     def _add_one_req(
         self,
         pending_req: PendingReq,
@@ -62,7 +68,7 @@ class PrefillAdder:
     ) -> Req:
         remain_len = pending_req.input_len - cached_len
         self.token_budget -= remain_len
-        self.reserved_size += remain_len + pending_req.output_len
+        self.reserved_size += self._new_slots(pending_req, cached_len)
         # the rest of the prompt goes into the token pool, where the forward pass reads it;
         # its pages are allocated when the batch is prepared
         rest = slice(cached_len, pending_req.input_len)
