@@ -46,6 +46,13 @@ def create_naive_cache(device: torch.device) -> BasePrefixCache:
     return NaivePrefixCache(device=device)
 
 
+@SUPPORTED_CACHE_MANAGER.register("radix")
+def create_radix_cache(device: torch.device) -> BasePrefixCache:
+    from .radix_cache import RadixPrefixCache
+
+    return RadixPrefixCache(device=device)
+
+
 def create_prefix_cache(device: torch.device, type: str) -> BasePrefixCache:
     return SUPPORTED_CACHE_MANAGER[type](device)
 

@@ -8,7 +8,7 @@ from minisgl.engine import EngineConfig
 @dataclass(frozen=True)
 class SchedulerConfig(EngineConfig):
     max_extend_tokens: int = 8192  # the most prompt tokens one prefill batch may compute
-    cache_type: str = "naive"  # the prefix cache (chapter 08; chapter 09 adds "radix")
+    cache_type: str = "radix"  # the prefix cache: "radix" or "naive"
     offline_mode: bool = False  # requests come from LLM.generate, not from sockets
 
     @property

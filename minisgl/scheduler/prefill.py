@@ -3,14 +3,20 @@
 Requests are admitted in arrival order while there is a free request slot, prompt-token
 budget left, and memory for the whole request: the prompt tokens it must compute plus every
 token it may generate, on top of what the running requests may still need. A request that
-does not fit waits; nothing is ever admitted that could run out of pages later. Chapter 10
-splits prompts that do not fit the token budget.
+does not fit waits; nothing is ever admitted that could run out of pages later.
+
+A prompt longer than what is left of the budget is prefilled in chunks: this batch computes
+as much as the budget allows, and the request goes back to the front of the waiting list as
+a ChunkedReq, to continue in the next prefill batch. Running requests keep decoding in
+between, and no single batch grows beyond the budget.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Tuple
+
+import torch
 
 from minisgl.core import Batch, Req
 from minisgl.utils import align_ceil
@@ -24,6 +30,17 @@ if TYPE_CHECKING:
     from .cache import CacheManager
     from .decode import DecodeManager
     from .table import TableManager
+
+
+class ChunkedReq(Req):
+    """A request whose prompt is only partly prefilled: it samples nothing and never decodes."""
+
+    def append_host(self, next_token: torch.Tensor) -> None:
+        raise NotImplementedError("a partly prefilled request has no next token")
+
+    @property
+    def can_decode(self) -> bool:
+        return False  # keeps it out of the decode manager
 
 
 @dataclass
@@ -57,7 +74,7 @@ class PrefillAdder:
         """Token slots the request will take beyond its cached prefix, to its last possible
         token, counted in whole pages: its last page may be only partly used."""
         page_size = self.cache_manager.page_size
-        return align_ceil(req.input_len + req.output_len, page_size) - cached_len
+        return align_ceil(req.input_len + req.output_len, page_size) - align_ceil(cached_len, page_size)
 
     def _add_one_req(
         self,
@@ -67,14 +84,16 @@ class PrefillAdder:
         cached_len: int,
     ) -> Req:
         remain_len = pending_req.input_len - cached_len
-        self.token_budget -= remain_len
+        chunk_size = min(self.token_budget, remain_len)
+        is_chunked = chunk_size < remain_len
+        self.token_budget -= chunk_size
         self.reserved_size += self._new_slots(pending_req, cached_len)
-        # the rest of the prompt goes into the token pool, where the forward pass reads it;
+        # this chunk of the prompt goes into the token pool, where the forward pass reads it;
         # its pages are allocated when the batch is prepared
-        rest = slice(cached_len, pending_req.input_len)
-        self.table_manager.token_pool[table_idx, rest].copy_(pending_req.input_ids[rest])
-        return Req(
-            input_ids=pending_req.input_ids,
+        chunk = slice(cached_len, cached_len + chunk_size)
+        self.table_manager.token_pool[table_idx, chunk].copy_(pending_req.input_ids[chunk])
+        return (ChunkedReq if is_chunked else Req)(
+            input_ids=pending_req.input_ids[: cached_len + chunk_size],
             table_idx=table_idx,
             cached_len=cached_len,
             output_len=pending_req.output_len,
@@ -86,6 +105,10 @@ class PrefillAdder:
     def try_add_one(self, pending_req: PendingReq) -> Req | None:
         if self.token_budget <= 0:
             return None
+        if chunked_req := pending_req.chunked_req:  # admitted already: continue its prompt
+            return self._add_one_req(
+                pending_req, chunked_req.cache_handle, chunked_req.table_idx, chunked_req.cached_len
+            )
         if resource := self._try_allocate_one(pending_req):
             cache_handle, table_idx = resource
             return self._add_one_req(pending_req, cache_handle, table_idx, cache_handle.cached_len)
@@ -112,22 +135,28 @@ class PrefillManager:
             table_manager=self.table_manager,
         )
         reqs: List[Req] = []
+        chunked_list: List[PendingReq] = []
         for pending_req in self.pending_list:
             req = adder.try_add_one(pending_req)
             if req is None:
                 break  # first come, first served: no overtaking
+            pending_req.chunked_req = None
+            if isinstance(req, ChunkedReq):  # to be continued, first in line
+                pending_req.chunked_req = req
+                chunked_list.append(pending_req)
             reqs.append(req)
         if not reqs:
             return None
-        self.pending_list = self.pending_list[len(reqs) :]
+        self.pending_list = chunked_list + self.pending_list[len(reqs) :]
         return Batch(reqs=reqs, phase="prefill")
 
     def abort_req(self, uid: int) -> Req | None:
-        """Drop a waiting request; nothing was allocated for it yet."""
+        """Drop a waiting request. A partly prefilled one is returned: its slot and pages must
+        be freed; a request that never started holds nothing."""
         for i, req in enumerate(self.pending_list):
             if req.uid == uid:
                 self.pending_list.pop(i)
-                return None
+                return req.chunked_req
         return None
 
     @property

@@ -35,7 +35,7 @@ from minisgl.utils import device as dev
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
-from .prefill import PrefillManager
+from .prefill import ChunkedReq, PrefillManager
 from .table import TableManager
 
 if TYPE_CHECKING:
@@ -119,6 +119,8 @@ class Scheduler:
         reply: List[DetokenizeMsg] = []
         with self.cache_manager.lazy_free_region():
             for i, req in enumerate(batch.reqs):
+                if isinstance(req, ChunkedReq):  # its prompt is not done: nothing sampled
+                    continue
                 next_token = next_tokens_cpu[i]
                 req.append_host(next_token.unsqueeze(0))
                 token = int(next_token.item())

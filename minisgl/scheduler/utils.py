@@ -8,6 +8,8 @@ import torch
 if TYPE_CHECKING:
     from minisgl.core import SamplingParams
 
+    from .prefill import ChunkedReq
+
 
 @dataclass
 class PendingReq:
@@ -16,6 +18,7 @@ class PendingReq:
     uid: int
     input_ids: torch.Tensor  # the prompt, on the CPU
     sampling_params: SamplingParams
+    chunked_req: ChunkedReq | None = None  # the part already prefilled, when it came in chunks
 
     @property
     def input_len(self) -> int:
