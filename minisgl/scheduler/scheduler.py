@@ -75,6 +75,7 @@ class Scheduler:
         self.eos_token_id = self.tokenizer.eos_token_id
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
+        self._chunk_in_last_batch = False
         # where messages come from and where replies go: a subclass's offline methods here
         # (chapter 14 adds sockets)
         self.receive_msg = self.offline_receive_msg
@@ -184,10 +185,15 @@ class Scheduler:
         )
 
     def _schedule_next_batch(self) -> ForwardInput | None:
-        # prefill first: new requests start as soon as they can
-        batch = (
-            self.prefill_manager.schedule_next_batch(self.prefill_budget)
-            or self.decode_manager.schedule_next_batch()
+        # prefill first, so that new requests start as soon as they can; but while a long
+        # prompt is prefilled in chunks, chunks and decode steps take turns, so that the
+        # running requests are not held up for the whole prompt
+        batch = None
+        if not (self._chunk_in_last_batch and self.decode_manager.runnable):
+            batch = self.prefill_manager.schedule_next_batch(self.prefill_budget)
+        batch = batch or self.decode_manager.schedule_next_batch()
+        self._chunk_in_last_batch = batch is not None and any(
+            isinstance(r, ChunkedReq) for r in batch.reqs
         )
         return self._prepare_batch(batch) if batch else None
 
