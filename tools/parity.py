@@ -187,6 +187,53 @@ class Summary:
         )
 
 
+@dataclass
+class Case:
+    """One prompt of a parity check: a label to print, its token ids, how many new tokens."""
+
+    label: str
+    prompt: List[int]
+    max_new_tokens: int
+
+
+def run_parity_cases(
+    generate: Callable[[str, List[Case]], List[List[int]]],
+    cases_for: Callable[[str], List[Case]],
+    models: Sequence[str] = PARITY_MODELS,
+    runs: int = 1,
+) -> Summary:
+    """Like run_parity, for a workload of any shape: `generate(name, cases)` returns the
+    tokens of every case; `runs` says how many times each case is generated (with different
+    engine settings, say), and all runs are compared. Prints one row per model and run."""
+    summary = Summary(models=len(models))
+    print(f"{'model':14s} {'run':>3s} {'prompts':>7s} {'tokens':>7s} {'matched':>7s} {'min margin':>10s}")
+    for name in models:
+        cases = cases_for(name)
+        refs = [hf_references(name, [c.prompt], c.max_new_tokens)[0] for c in cases]
+        tok = load_tokenizer(name)
+        for run in range(runs):
+            outputs = generate(name, cases) if runs == 1 else generate(name, cases, run)  # type: ignore[call-arg]
+            matched = total = 0
+            margin = math.inf
+            for case, ours, ref in zip(cases, outputs, refs):
+                c = compare(list(ours), ref)
+                matched, total, margin = matched + c.matched, total + c.total, min(margin, c.margin)
+                if c.divergence is not None:
+                    summary.failures.append(f"{name} run {run} {case.label}")
+                    pos = c.divergence
+                    show = lambda t: f"{t[pos]} {tok.decode([t[pos]])!r}" if pos < len(t) else "end"  # noqa: E731
+                    print(f"  {case.label}: first divergence at generated token {pos}: ours "
+                          f"{show(list(ours))}, transformers {show(ref.tokens)}")  # fmt: skip
+            summary.prompts += len(cases)
+            summary.matched += matched
+            summary.total += total
+            summary.margin = min(summary.margin, margin)
+            print(f"{name:14s} {run:3d} {len(cases):7d} {total:7d} {matched:7d} {margin:10.4f}")
+    summary.prompts //= max(len(models), 1)
+    print(summary.line())
+    return summary
+
+
 def run_parity(
     generate: Generate,
     models: Sequence[str] = PARITY_MODELS,

@@ -11,6 +11,13 @@ One turn of the loop:
     process the results   append each new token, reply, free what finished requests held
 
 Requests join and leave between any two steps (continuous batching).
+
+With overlap scheduling (the default), the loop launches batch N+1 on the device before it
+processes batch N's results, so the CPU's work of a turn runs while the device computes. The
+price is that batch N+1 was chosen without knowing N's results: a request that finished in N
+may still be in N+1. The processing below handles that case (see "the four fixes" in
+chapter 11): results of requests that are already done are dropped, and what such a request
+holds is released only when no launched batch uses it any more.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import TYPE_CHECKING, List, NamedTuple, Set, Tuple, TypeAlias
 import torch
 
 from minisgl.core import Batch, Req
+from minisgl.env import ENV
 from minisgl.message import (
     AbortBackendMsg,
     BaseBackendMsg,
@@ -62,6 +70,9 @@ class Scheduler:
 
         self.engine = Engine(config)
         self.device = self.engine.device
+        # the scheduler prepares batches on its own stream; the engine computes on its stream
+        self.stream = dev.Stream(self.device)
+        dev.set_stream(self.stream)
         self.table_manager = TableManager(config.max_running_req, self.engine.page_table)
         self.cache_manager = CacheManager(
             self.engine.num_pages, config.page_size, self.engine.page_table, config.cache_type
@@ -76,6 +87,11 @@ class Scheduler:
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
         self._chunk_in_last_batch = False
+        # requests that are done (finished or aborted) but were in a batch still in flight:
+        # their results are dropped, and their slot and pages released, once that batch is
+        # processed
+        self.finished_reqs: Set[Req] = set()
+        self._in_flight: Set[Req] = set()  # the requests of the launched, unprocessed batch
         # where messages come from and where replies go: a subclass's offline methods here
         # (chapter 14 adds sockets)
         self.receive_msg = self.offline_receive_msg
@@ -93,7 +109,28 @@ class Scheduler:
         logger.info_rank0("scheduler idle, waiting for requests")
         self.cache_manager.check_integrity()
 
+    def overlap_loop(self, last_data: ForwardData | None) -> ForwardData | None:
+        """One turn: launch the next batch, then process the last one while it runs."""
+        blocking = not (
+            last_data is not None  # the last batch's results are still to be processed
+            or self.prefill_manager.runnable
+            or self.decode_manager.runnable
+        )
+        for msg in self.receive_msg(blocking=blocking):
+            self._process_one_msg(msg)
+        forward_input = self._schedule_next_batch()
+        ongoing_data = None
+        if forward_input is not None:
+            with dev.use_stream(self.engine.stream):
+                # the batch's inputs were prepared on the scheduler's stream
+                self.engine.stream.wait_stream(self.stream)
+                ongoing_data = (forward_input, self._forward(forward_input))
+        self._in_flight = set(ongoing_data[0].batch.reqs) if ongoing_data else set()
+        self._process_last_data(last_data)
+        return ongoing_data
+
     def normal_loop(self) -> None:
+        """One turn without overlap: launch a batch, wait for it, process it."""
         blocking = not (self.prefill_manager.runnable or self.decode_manager.runnable)
         for msg in self.receive_msg(blocking=blocking):
             self._process_one_msg(msg)
@@ -101,12 +138,20 @@ class Scheduler:
         ongoing_data = None
         if forward_input is not None:
             ongoing_data = (forward_input, self._forward(forward_input))
+        self._in_flight = set()
         self._process_last_data(ongoing_data)
 
     @torch.inference_mode()
     def run_forever(self) -> None:
-        while True:
-            self.normal_loop()
+        if ENV.DISABLE_OVERLAP_SCHEDULING:
+            with dev.use_stream(self.engine.stream):
+                self.engine.stream.wait_stream(self.stream)
+                while True:
+                    self.normal_loop()
+        else:
+            data = None
+            while True:
+                data = self.overlap_loop(data)
 
     def shutdown(self) -> None:
         dev.synchronize(self.device)
@@ -120,21 +165,43 @@ class Scheduler:
         reply: List[DetokenizeMsg] = []
         with self.cache_manager.lazy_free_region():
             for i, req in enumerate(batch.reqs):
+                if req in self.finished_reqs:
+                    # done (finished or aborted) while this batch was in flight: its output
+                    # here is stale (fix 2), and what it holds is released now that no
+                    # launched batch uses it (fixes 3 and 4)
+                    self._release_deferred(req)
+                    continue
                 if isinstance(req, ChunkedReq):  # its prompt is not done: nothing sampled
                     continue
                 next_token = next_tokens_cpu[i]
                 req.append_host(next_token.unsqueeze(0))
                 token = int(next_token.item())
-                finished = not req.can_decode
+                # counted on the host, where the token just arrived: the device-side lengths
+                # may already include the next batch (fix 1)
+                finished = len(req.input_ids) >= req.max_device_len
                 if not req.sampling_params.ignore_eos:
                     finished |= token == self.eos_token_id
                 reply.append(DetokenizeMsg(uid=req.uid, next_token=token, finished=finished))
                 if finished:
-                    self.decode_manager.remove_req(req)
-                    self._free_req_resources(req)
+                    self._finish_req(req)
                 elif batch.is_prefill:  # the prompt's K/V go into the prefix cache
                     self.cache_manager.cache_req(req, finished=False)
         self.send_result(reply)
+
+    def _finish_req(self, req: Req) -> None:
+        """A request is done: it leaves the running set; its slot and pages are released now,
+        or, if the batch in flight uses them, when that batch is processed."""
+        self.decode_manager.remove_req(req)
+        if req in self._in_flight:
+            self.finished_reqs.add(req)
+        else:
+            self._free_req_resources(req)
+
+    def _release_deferred(self, req: Req) -> None:
+        # it left the running set before the batch now in flight was scheduled
+        assert req not in self._in_flight, "a done request was scheduled again"
+        self.finished_reqs.discard(req)
+        self._free_req_resources(req)
 
     def _process_one_msg(self, msg: BaseBackendMsg) -> None:
         if isinstance(msg, BatchBackendMsg):
@@ -161,7 +228,7 @@ class Scheduler:
         elif isinstance(msg, AbortBackendMsg):
             req = self.prefill_manager.abort_req(msg.uid) or self.decode_manager.abort_req(msg.uid)
             if req is not None:
-                self._free_req_resources(req)
+                self._finish_req(req)  # maybe deferred: its last batch may be in flight
         else:
             raise TypeError(f"unknown message type {type(msg).__name__}")
 

@@ -16,7 +16,7 @@ Requests join and leave between any two steps (continuous batching).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, List, NamedTuple, Set, Tuple, TypeAlias
+from typing import TYPE_CHECKING, List, NamedTuple, Tuple, TypeAlias
 
 import torch
 
@@ -70,7 +70,6 @@ class Scheduler:
         self.prefill_manager = PrefillManager(
             self.cache_manager, self.table_manager, self.decode_manager
         )
-        self.finished_reqs: Set[Req] = set()
         self.tokenizer = load_tokenizer(config.model_path)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.token_pool = self.table_manager.token_pool

@@ -1,0 +1,146 @@
+"""Chapter 11: overlap scheduling, and the offline interface LLM.generate.
+
+The scheduler now launches batch N+1 before it processes batch N's results, so that the CPU's
+work (processing results, scheduling, preparing the next batch) happens while the device
+computes. On a CPU the same loop runs, with the same one-step delay, so its logic is checked
+here. Then LLM.generate serves a mixed workload: shared prefixes, prompts from 3 to several
+hundred tokens, 1 to 64 new tokens, pages of 1 and 16 tokens, a small prefill budget (so long
+prompts are chunked), the radix cache and overlap, and every request must match
+transformers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import List
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("LOG_LEVEL", "WARNING")
+from minisgl.core import SamplingParams  # noqa: E402
+from minisgl.env import ENV  # noqa: E402
+from minisgl.llm import LLM  # noqa: E402
+from tools.models import SMOLLM2, ensure_model  # noqa: E402
+from tools.parity import Case, book_dtype, eos_ids, load_tokenizer, run_parity_cases  # noqa: E402
+
+SYSTEMS = [
+    "You are a helpful assistant.",
+    "You are a careful reviewer of Python code. Point out bugs first, then style, and keep each "
+    "remark to one sentence.",
+    "You write for a cooking magazine. Every answer names the dish, the time it takes, the "
+    "ingredients with their amounts, and the steps in order. Use metric units. Mention what can "
+    "go wrong and how to fix it. Suggest one variation for vegetarians and one for people in a "
+    "hurry. Finish with a tip on serving. " * 3,
+]
+QUESTIONS = ["Hi", "What is 2 + 2?", "Name a colour.", "Write a haiku about rain.",
+             "def square(x):", "Explain recursion in one line.", "How do I boil an egg?",
+             "List three prime numbers."]  # fmt: skip
+NEW_TOKENS = [1, 64, 5, 33, 2, 17, 48, 8, 64, 3, 24, 12]
+
+
+def mixed_cases(name: str) -> List[Case]:
+    """24 requests: 8 without a system prompt (3 to 10 tokens), 16 under one of three shared
+    system prompts (up to about 300 tokens)."""
+    tok = load_tokenizer(name)
+    cases = []
+    for i, question in enumerate(QUESTIONS):
+        ids = tok(question).input_ids
+        cases.append(Case(f"plain-{i}", ids, NEW_TOKENS[i % len(NEW_TOKENS)]))
+    for j, system in enumerate(SYSTEMS):
+        for i, question in enumerate(QUESTIONS[j::2][:6] if j < 2 else QUESTIONS[:4]):
+            chat = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+            text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+            n = NEW_TOKENS[(5 * j + i) % len(NEW_TOKENS)]
+            cases.append(Case(f"system{j}-{i}", tok(text).input_ids, n))
+    return cases
+
+
+def make_llm(name: str, **kwargs) -> LLM:
+    settings = dict(max_running_req=32, page_size=16, num_page_override=512, max_extend_tokens=64)
+    settings.update(kwargs)
+    return LLM(str(ensure_model(name)), dtype=book_dtype(), **settings)
+
+
+def with_eos(result: List[int], n: int, eos: List[int]) -> List[int]:
+    """LLM.generate leaves out the final EOS token; transformers keeps it."""
+    return result + eos[:1] if len(result) < n and eos else result
+
+
+def show_overlap_timeline() -> None:
+    """The order of events in the loop: launch N+1, then process N."""
+    events: List[str] = []
+
+    class Tracing(LLM):
+        def _forward(self, forward_input):
+            batch = forward_input.batch
+            events.append(f"launch  {batch.phase:7s} of {[r.uid for r in batch.reqs]}")
+            return super()._forward(forward_input)
+
+        def _process_last_data(self, last_data):
+            if last_data is not None:
+                batch = last_data[0].batch
+                events.append(f"process {batch.phase:7s} of {[r.uid for r in batch.reqs]}")
+            super()._process_last_data(last_data)
+
+    llm = Tracing(str(ensure_model(SMOLLM2)), dtype=book_dtype(), max_running_req=4, num_page_override=256)
+    tok = load_tokenizer(SMOLLM2)
+    out = llm.generate(["The capital of France is", "Water boils at"], SamplingParams(max_tokens=3))
+    llm.shutdown()
+    print("overlap scheduling: every batch is launched before the previous one is processed")
+    for e in events:
+        print(f"  {e}")
+    print(f"  -> {[tok.decode(o['token_ids']) for o in out]}\n")
+
+
+def show_llm_generate() -> None:
+    llm = make_llm(SMOLLM2)
+    tok = load_tokenizer(SMOLLM2)
+    prompts = ["The capital of France is", tok("def fibonacci(n):").input_ids]
+    params = [SamplingParams(max_tokens=12), SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12)]
+    for prompt, result in zip(prompts, llm.generate(prompts, params)):
+        shown = prompt if isinstance(prompt, str) else f"token ids {prompt}"
+        print(f"LLM.generate({shown!r}) -> {result['text']!r}")
+    # the same greedy workload with overlap on and off
+    cases = mixed_cases(SMOLLM2)[:12]
+    texts = [c.prompt for c in cases]
+    sp = [SamplingParams(max_tokens=c.max_new_tokens) for c in cases]
+    with_overlap = [r["token_ids"] for r in llm.generate(texts, sp)]
+    llm.shutdown()
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = True
+    llm = make_llm(SMOLLM2)
+    without = [r["token_ids"] for r in llm.generate(texts, sp)]
+    llm.cache_manager.check_integrity()
+    llm.shutdown()
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = False
+    print(f"12 requests, overlap on and off: identical tokens: {with_overlap == without}\n")
+
+
+def generate(name: str, cases: List[Case], run: int) -> List[List[int]]:
+    """Run 0: pages of 1 token; run 1: pages of 16. Both with overlap, radix cache, a prefill
+    budget of 64 tokens (the longest prompts take five chunks)."""
+    page_size = (1, 16)[run]
+    llm = make_llm(name, page_size=page_size, num_page_override=8192 // page_size)
+    try:
+        params = [SamplingParams(max_tokens=c.max_new_tokens) for c in cases]
+        results = llm.generate([c.prompt for c in cases], params)
+        llm.cache_manager.check_integrity()  # every page is free or cached
+    finally:
+        llm.shutdown()
+    eos = eos_ids(name)
+    return [with_eos(r["token_ids"], c.max_new_tokens, eos) for r, c in zip(results, cases)]
+
+
+def main() -> int:
+    show_overlap_timeline()
+    show_llm_generate()
+    lengths = [len(c.prompt) for c in mixed_cases(SMOLLM2)]
+    print(f"mixed workload: 24 prompts of {min(lengths)} to {max(lengths)} tokens, 1 to 64 new tokens; "
+          "runs: page size 1 and 16")  # fmt: skip
+    return 0 if run_parity_cases(generate, mixed_cases, runs=2).ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+from .llm import LLM
+
+__all__ = ["LLM"]
