@@ -83,7 +83,7 @@ def hand_made_batch() -> None:
           f"device {engine.device.type}")  # fmt: skip
     prompts = build_prompts(SMOLLM2)
     params = [SamplingParams(max_tokens=4), SamplingParams(max_tokens=7),
-              SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_tokens=5)]  # fmt: skip
+              SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_tokens=8)]  # fmt: skip
 
     def trace(phase: str, running: List[Req]) -> None:
         lens = ", ".join(f"r{r.uid}: {r.cached_len}+{r.extend_len}" for r in running)

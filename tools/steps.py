@@ -419,10 +419,20 @@ class Row:
 
 
 def mask_output(text: str, patterns: Sequence[str]) -> str:
+    """Replace what varies from run to run by "#": each pattern's group named "v" if it has
+    one, else its whole match."""
     lines = [line.rstrip() for line in text.strip("\n").splitlines()]
     masked = "\n".join(lines)
+
+    def replace(match: re.Match) -> str:
+        if "v" not in match.re.groupindex:
+            return "#"
+        start, end = match.span("v")
+        whole_start = match.start()
+        return match.group(0)[: start - whole_start] + "#" + match.group(0)[end - whole_start :]
+
     for pattern in patterns:
-        masked = re.sub(pattern, "#", masked, flags=re.MULTILINE)
+        masked = re.sub(pattern, replace, masked, flags=re.MULTILINE)
     return masked
 
 
