@@ -53,3 +53,17 @@ def tiny_model_names() -> List[str]:
     from tools.models import TINY_MODELS
 
     return list(TINY_MODELS)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_global_state():
+    """A test that fails half-way may leave an engine's global context behind; clear it, so
+    that one failure does not cascade into the next tests."""
+    yield
+    try:
+        from minisgl.core import clear_global_ctx
+        from minisgl.distributed import reset_tp_info
+    except ImportError:  # chapters before the package has them
+        return
+    clear_global_ctx()
+    reset_tp_info()

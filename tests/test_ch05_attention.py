@@ -62,6 +62,7 @@ def test_ragged_batch_matches_transformers(ctx, page_size, phase, heads, kv_head
     per_req = -(-24 // page_size)  # pages that hold 24 tokens
     pool = MHAKVCache(kv_heads, num_layers=2, head_dim=d, num_pages=4 * per_req,
                       page_size=page_size, dtype=torch.float32, device=torch.device("cpu"))  # fmt: skip
+    pool._kv_buffer.fill_(float("nan"))  # never-written slots may hold anything, NaN included
     ctx.kv_cache = pool
     ctx.page_table = torch.zeros(4, 64, dtype=torch.int32)
     backend = create_attention_backend("torch", fake_config(d, heads, kv_heads))

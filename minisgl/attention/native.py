@@ -30,6 +30,7 @@ class TorchNativeMetadata(BaseAttnMetadata):
     query_index: torch.Tensor  # [bs, max_seqlen_q] batch row of each padded query (0 if padding)
     query_valid: torch.Tensor  # [bs, max_seqlen_q] False for padding
     kv_slots: torch.Tensor  # [bs, max_seqlen_k] KV pool slot of each key position
+    kv_valid: torch.Tensor  # [bs, max_seqlen_k] False for padding beyond a request's length
     mask: torch.Tensor  # [bs, 1, max_seqlen_q, max_seqlen_k] which keys each query sees
 
     def get_last_indices(self, bs: int) -> torch.Tensor:
@@ -54,6 +55,7 @@ class TorchNativeBackend(BaseAttnBackend):
         q_offset = torch.arange(max_q)[None, :]  # i: the i-th new token of a request
         query_valid = q_offset < seqlens_q[:, None]
         query_index = torch.where(query_valid, cu_seqlens_q[:-1, None] + q_offset, 0)
+        kv_valid = torch.arange(max_k)[None, :] < seqlens_k[:, None]
         key_pos = torch.arange(max_k)[None, None, :]
         query_pos = (cached[:, None] + q_offset)[:, :, None]  # absolute position of query i
         mask = (key_pos <= query_pos) & query_valid[:, :, None]
@@ -64,6 +66,7 @@ class TorchNativeBackend(BaseAttnBackend):
             query_index=query_index.to(device),
             query_valid=query_valid.to(device),
             kv_slots=table[rows, :max_k].long().to(device),
+            kv_valid=kv_valid.to(device),
             mask=mask[:, None].to(device),
         )
 
@@ -76,8 +79,12 @@ class TorchNativeBackend(BaseAttnBackend):
         heads, head_dim = q.shape[1], q.shape[2]
         k_all = self.kvcache.k_cache(layer_id).view(-1, *self.kvcache.k_cache(layer_id).shape[2:])
         v_all = self.kvcache.v_cache(layer_id).view(-1, *self.kvcache.v_cache(layer_id).shape[2:])
-        keys = k_all[meta.kv_slots].transpose(1, 2)  # [bs, kv_heads, max_k, d]
-        values = v_all[meta.kv_slots].transpose(1, 2)
+        # a padded key position points at whatever slot its page-table entry holds, maybe one
+        # never written (NaN in fresh memory): a masked score does not protect against
+        # 0 * NaN, so padded keys and values are zeroed
+        padding = ~meta.kv_valid[:, :, None, None]
+        keys = k_all[meta.kv_slots].masked_fill(padding, 0).transpose(1, 2)  # [bs, kv_h, max_k, d]
+        values = v_all[meta.kv_slots].masked_fill(padding, 0).transpose(1, 2)
         group = heads // keys.shape[1]  # grouped-query attention: heads sharing a K/V head
         if group > 1:
             keys = keys.repeat_interleave(group, dim=1)
