@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minisgl.core import Batch, Context, Req, SamplingParams, get_global_ctx, set_global_ctx  # noqa: E402
-from tools.models import SMOLLM2, ensure_model  # noqa: E402
+from tools.models import DEMO_MODEL, ensure_model  # noqa: E402
 from tools.parity import build_prompts, eos_ids, load_example, load_tokenizer, run_parity  # noqa: E402
 
 step0 = load_example("examples/ch00_step0.py")
@@ -52,14 +52,14 @@ def run_request(model, req: Req, eos: List[int], trace: bool = False, tok=None) 
 
 def walk_one_request() -> None:
     """Print a request's lengths at every step, for SmolLM2 and a short prompt."""
-    model, tok = step0.Step0Model(ensure_model(SMOLLM2)), load_tokenizer(SMOLLM2)
+    model, tok = step0.Step0Model(ensure_model(DEMO_MODEL)), load_tokenizer(DEMO_MODEL)
     prompt = tok("The capital of France is").input_ids
     params = SamplingParams(max_tokens=6)
     req = Req(input_ids=torch.tensor(prompt, dtype=torch.int32), table_idx=0, cached_len=0,
               output_len=params.max_tokens, uid=0, sampling_params=params, cache_handle=None)  # fmt: skip
     print(f"prompt: {len(prompt)} tokens, max_tokens={params.max_tokens}, greedy={params.is_greedy}")
     print("step  phase   cached device extend remain  computes  sampled")
-    run_request(model, req, eos_ids(SMOLLM2), trace=True, tok=tok)
+    run_request(model, req, eos_ids(DEMO_MODEL), trace=True, tok=tok)
     print(f"done:  {req}")
     print(f"text:  {tok.decode(req.input_ids.tolist())!r}\n")
 
@@ -78,7 +78,7 @@ def generate(name: str, prompts: List[List[int]], n: int) -> List[List[int]]:
 def main() -> int:
     set_global_ctx(Context(page_size=1))
     walk_one_request()
-    summary = run_parity(generate)
+    summary = run_parity(generate, device="cpu", dtype=torch.float32)
     return 0 if summary.ok else 1
 
 

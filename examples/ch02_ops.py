@@ -218,7 +218,7 @@ def generate(name: str, prompts: List[List[int]], n: int) -> List[List[int]]:
 
 def main() -> int:
     compare_ops()
-    return 0 if run_parity(generate).ok else 1
+    return 0 if run_parity(generate, device="cpu", dtype=torch.float32).ok else 1
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from minisgl.core import Batch, Context, Req, SamplingParams, get_global_ctx, se
 from minisgl.kvcache import create_kvcache_pool  # noqa: E402
 from minisgl.models import ModelConfig  # noqa: E402
 from minisgl.utils import cached_load_hf_config  # noqa: E402
-from tools.models import SMOLLM2, ensure_model  # noqa: E402
+from tools.models import DEMO_MODEL, ensure_model  # noqa: E402
 from tools.parity import book_device, book_dtype, eos_ids, load_example, run_parity  # noqa: E402
 
 ch03 = load_example("examples/ch03_model.py")
@@ -63,7 +63,7 @@ def prepare_batch(reqs: List[Req], phase: str, allocator: PageAllocator) -> Batc
 
 
 def show_layout() -> None:
-    config = ModelConfig.from_hf(cached_load_hf_config(str(ensure_model(SMOLLM2))))
+    config = ModelConfig.from_hf(cached_load_hf_config(str(ensure_model(DEMO_MODEL))))
     per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
     print(f"SmolLM2-135M: 2 (K, V) x {config.num_layers} layers x {config.num_kv_heads} kv heads x "
           f"{config.head_dim} dims x 4 bytes = {per_token} bytes ({per_token / 1024:.1f} KiB) per token")  # fmt: skip

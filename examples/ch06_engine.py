@@ -20,7 +20,7 @@ os.environ.setdefault("LOG_LEVEL", "WARNING")  # the engine's start-up log shows
 from minisgl.core import Batch, Req, SamplingParams  # noqa: E402
 from minisgl.distributed import DistributedInfo  # noqa: E402
 from minisgl.engine import Engine, EngineConfig  # noqa: E402
-from tools.models import SMOLLM2, ensure_model  # noqa: E402
+from tools.models import DEMO_MODEL, ensure_model  # noqa: E402
 from tools.parity import book_dtype, build_prompts, eos_ids, load_example, load_tokenizer, run_parity  # noqa: E402
 
 ch04 = load_example("examples/ch04_kvpool.py")
@@ -76,20 +76,20 @@ def run(engine: Engine, prompts: List[List[int]], params: List[SamplingParams], 
 
 
 def hand_made_batch() -> None:
-    engine = make_engine(SMOLLM2)
-    tok = load_tokenizer(SMOLLM2)
+    engine = make_engine(DEMO_MODEL)
+    tok = load_tokenizer(DEMO_MODEL)
     print(f"engine: {engine.num_pages} pages of {engine.ctx.page_size} tokens, page table "
           f"{tuple(engine.page_table.shape)}, backend {type(engine.attn_backend).__name__}, "
           f"device {engine.device.type}")  # fmt: skip
-    prompts = build_prompts(SMOLLM2)
+    prompts = build_prompts(DEMO_MODEL)
     params = [SamplingParams(max_tokens=4), SamplingParams(max_tokens=7),
-              SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_tokens=5)]  # fmt: skip
+              SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_tokens=8)]  # fmt: skip
 
     def trace(phase: str, running: List[Req]) -> None:
         lens = ", ".join(f"r{r.uid}: {r.cached_len}+{r.extend_len}" for r in running)
         print(f"  {phase:7s} batch of {len(running)}  (cached+new tokens) {lens}")
 
-    outputs = run(engine, prompts, params, eos_ids(SMOLLM2), trace)
+    outputs = run(engine, prompts, params, eos_ids(DEMO_MODEL), trace)
     for i, (out, sp) in enumerate(zip(outputs, params)):
         how = "greedy" if sp.is_greedy else f"T={sp.temperature} top_k={sp.top_k} top_p={sp.top_p}"
         print(f"  r{i} ({how}): {tok.decode(out)!r}")

@@ -127,6 +127,45 @@ def test_the_loader_never_holds_the_whole_checkpoint(model_path) -> None:
     assert result["peak"] < 3 * result["largest"], result
 
 
+def test_the_loader_yields_each_tensor_as_soon_as_it_can(model_path, monkeypatch) -> None:
+    """Count the tensors read from the files and the tensors yielded: at every yield, at most
+    the pieces of the current merge groups are waiting (a loader that read everything first
+    would have 272 tensors waiting at its first yield)."""
+    import safetensors
+
+    import minisgl.models.weight as weight
+
+    reads = []
+    real_safe_open = safetensors.safe_open
+
+    class CountingFile:
+        def __init__(self, *args, **kwargs) -> None:
+            self._file = real_safe_open(*args, **kwargs)
+
+        def __enter__(self):
+            self._inner = self._file.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self._file.__exit__(*exc)
+
+        def keys(self):
+            return self._inner.keys()
+
+        def get_tensor(self, name):
+            reads.append(name)
+            return self._inner.get_tensor(name)
+
+    monkeypatch.setattr(weight.safetensors, "safe_open", CountingFile)
+    parts = {"qkv_proj": 3, "gate_up_proj": 2}
+    accounted, most_waiting = 0, 0
+    for name, _ in load_weight(str(model_path(SMOLLM2)), torch.device("cpu")):
+        accounted += next((n for key, n in parts.items() if key in name), 1)
+        most_waiting = max(most_waiting, len(reads) - accounted)
+    assert len(reads) == accounted == 272
+    assert most_waiting <= 4, most_waiting
+
+
 def test_hf_helpers_on_local_folders(model_path, tmp_path: Path, monkeypatch) -> None:
     folder = str(model_path("tiny-qwen3"))
     assert download_hf_weight(folder) == folder

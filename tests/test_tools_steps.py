@@ -273,3 +273,6 @@ def test_parse_and_mask_helpers() -> None:
     assert p is not None and p.ok and str(p) == "5 x 3, 478/478" and p.margin == pytest.approx(0.0107)
     assert parse_parity("no line") is None
     assert mask_output("a 12.5\nb\n", [r"\s+[\d.]+$"]) == "a#\nb"
+    # a group named v masks only itself
+    row = "tiny  'x'  32   yes  0.0158   209.6\nop  0.00123"
+    assert mask_output(row, [r"^.* (?:yes|NO) +[\d.]+(?P<v> +[\d.]+)$"]) == "tiny  'x'  32   yes  0.0158#\nop  0.00123"

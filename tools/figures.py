@@ -34,6 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "docs" / "figures"
+if str(ROOT) not in sys.path:  # the chapter figure modules import tools.figures
+    sys.path.insert(0, str(ROOT))
 
 FONT = "Roboto, 'Helvetica Neue', Helvetica, Arial, sans-serif"
 MONO = "'Roboto Mono', SFMono-Regular, Menlo, Consolas, monospace"

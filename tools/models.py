@@ -159,6 +159,10 @@ PARITY_MODELS: List[str] = [
 ]
 
 
+# The model the mains' demonstrations use: the real one, unless the list leaves it out.
+DEMO_MODEL: str = SMOLLM2 if SMOLLM2 in PARITY_MODELS else PARITY_MODELS[-1]
+
+
 def all_model_names() -> List[str]:
     return list(PARITY_MODELS)
 

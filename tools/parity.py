@@ -116,11 +116,14 @@ def _reference_key(name: str, prompt: List[int], n: int, device: str, dtype: str
 _HF_MODELS: Dict[str, object] = {}
 
 
-def hf_references(name: str, prompts: List[List[int]], n: int) -> List[Reference]:
-    """transformers' greedy output for each prompt, computed once and cached on disk."""
+def hf_references(
+    name: str, prompts: List[List[int]], n: int, device: str | None = None, dtype=None
+) -> List[Reference]:
+    """transformers' greedy output for each prompt, computed once and cached on disk. The
+    device and dtype default to the book's (book_device, book_dtype)."""
     import torch
 
-    device, dtype = book_device(), book_dtype()
+    device, dtype = device or book_device(), dtype or book_dtype()
     dtype_name = str(dtype).removeprefix("torch.")
     store = cache_dir() / "references" / f"{name}.json"
     keys = [_reference_key(name, p, n, device, dtype_name) for p in prompts]
@@ -240,13 +243,17 @@ def run_parity(
     texts: Sequence[str] = DEFAULT_TEXTS,
     max_new_tokens: int = 32,
     show_text: bool = True,
+    device: str | None = None,
+    dtype=None,
 ) -> Summary:
-    """Compare `generate` with transformers on every model and prompt; print the results."""
+    """Compare `generate` with transformers on every model and prompt; print the results.
+    `device` and `dtype` are those of transformers' run (default: the book's); a main whose
+    engine always runs on the CPU in float32 passes those."""
     summary = Summary(models=len(models), prompts=len(texts))
     print(f"{'model':14s} {'prompt':28s} {'tokens':>6s} {'match':>5s} {'margin':>7s} {'tok/s':>7s}")
     for name in models:
         prompts = build_prompts(name, texts)
-        refs = hf_references(name, prompts, max_new_tokens)
+        refs = hf_references(name, prompts, max_new_tokens, device, dtype)
         begin = time.perf_counter()
         outputs = generate(name, prompts, max_new_tokens)
         speed = sum(len(o) for o in outputs) / (time.perf_counter() - begin)
