@@ -20,7 +20,7 @@ from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.distributed import DistributedInfo  # noqa: E402
 from minisgl.message import BaseBackendMsg, DetokenizeMsg, UserMsg  # noqa: E402
 from minisgl.scheduler import Scheduler, SchedulerConfig  # noqa: E402
-from tools.models import SMOLLM2, ensure_model  # noqa: E402
+from tools.models import DEMO_MODEL, ensure_model  # noqa: E402
 from tools.parity import book_dtype, build_prompts, load_tokenizer, run_parity  # noqa: E402
 
 
@@ -87,13 +87,13 @@ def user_msg(uid: int, prompt: List[int], max_tokens: int, **params) -> UserMsg:
 
 
 def show_continuous_batching() -> None:
-    tok = load_tokenizer(SMOLLM2)
+    tok = load_tokenizer(DEMO_MODEL)
     texts = ["The capital of France is", "Water boils at", "def add(a, b):", "The sky is", "One, two,"]
     steps, budgets = [0, 0, 3, 4, 9], [6, 3, 5, 4, 3]
     arrivals = [(s, user_msg(i, tok(t).input_ids, n)) for i, (t, s, n) in enumerate(zip(texts, steps, budgets))]
     print("requests: " + "; ".join(f"r{i} arrives at step {s}, max_tokens={n}" for i, (s, n) in enumerate(zip(steps, budgets))))
     print("step  phase    reqs  waiting  free slots  (request:new tokens)")
-    sched = ScriptedScheduler(make_config(SMOLLM2), arrivals, trace=True)
+    sched = ScriptedScheduler(make_config(DEMO_MODEL), arrivals, trace=True)
     outputs = sched.run()
     for uid in sorted(outputs):
         print(f"  r{uid} finished at step {sched.finish_step[uid]}: {tok.decode(outputs[uid])!r}")

@@ -14,21 +14,21 @@ from pathlib import Path
 from typing import List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools.models import SMOLLM2  # noqa: E402
+from tools.models import DEMO_MODEL  # noqa: E402
 from tools.parity import load_example, load_tokenizer, run_parity  # noqa: E402
 
 ch07 = load_example("examples/ch07_scheduler.py")
 
 
 def show_memory_pressure() -> None:
-    tok = load_tokenizer(SMOLLM2)
+    tok = load_tokenizer(DEMO_MODEL)
     texts = ["The capital of France is", "Water boils at", "def add(a, b):", "The sky is",
              "One, two,", "My favourite fruit is"]  # fmt: skip
     msgs = [ch07.user_msg(i, tok(t).input_ids, 12) for i, t in enumerate(texts)]
     needs = [len(m.input_ids) + m.sampling_params.max_tokens for m in msgs]
     print(f"6 requests need {needs} token slots (prompt + max_tokens); the pool has 16 pages of 4")
     print("step  phase    reqs  waiting  free slots  (request:new tokens)")
-    config = ch07.make_config(SMOLLM2, page_size=4, num_page_override=16, cache_type="naive")
+    config = ch07.make_config(DEMO_MODEL, page_size=4, num_page_override=16, cache_type="naive")
     sched = ch07.ScriptedScheduler(config, [(0, m) for m in msgs], trace=True)
     outputs = sched.run()
     sched.cache_manager.check_integrity()
@@ -36,7 +36,7 @@ def show_memory_pressure() -> None:
           f"{sched.cache_manager.num_pages} pages free")  # fmt: skip
     sched.shutdown()
     for page_size in (1, 16):
-        config = ch07.make_config(SMOLLM2, page_size=page_size, num_page_override=64 // page_size,
+        config = ch07.make_config(DEMO_MODEL, page_size=page_size, num_page_override=64 // page_size,
                                   cache_type="naive")  # fmt: skip
         other = ch07.ScriptedScheduler(config, [(0, ch07.user_msg(i, tok(t).input_ids, 12))
                                                 for i, t in enumerate(texts)])  # fmt: skip

@@ -14,7 +14,7 @@ from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minisgl.kvcache.radix_cache import RadixPrefixCache, RadixTreeNode  # noqa: E402
-from tools.models import SMOLLM2  # noqa: E402
+from tools.models import DEMO_MODEL  # noqa: E402
 from tools.parity import load_example, load_tokenizer, run_parity  # noqa: E402
 
 ch07 = load_example("examples/ch07_scheduler.py")
@@ -39,7 +39,7 @@ class CountingScheduler(ch07.ScriptedScheduler):
 
 def run(cache_type: str, prompts: List[List[int]], page_size: int = 1):
     arrivals = [(2 * i, ch07.user_msg(i, p, 10)) for i, p in enumerate(prompts)]
-    config = ch07.make_config(SMOLLM2, cache_type=cache_type, page_size=page_size, num_page_override=2048 // page_size)
+    config = ch07.make_config(DEMO_MODEL, cache_type=cache_type, page_size=page_size, num_page_override=2048 // page_size)
     sched = CountingScheduler(config, arrivals)
     outputs = sched.run()
     sched.cache_manager.check_integrity()
@@ -57,7 +57,7 @@ def describe_tree(node: RadixTreeNode, tok, depth: int = 0, lines: List[str] | N
 
 
 def show_reuse() -> None:
-    tok = load_tokenizer(SMOLLM2)
+    tok = load_tokenizer(DEMO_MODEL)
     prompts = [tok.apply_chat_template([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
                                        add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
                for q in QUESTIONS]  # fmt: skip

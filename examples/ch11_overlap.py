@@ -23,7 +23,7 @@ os.environ.setdefault("LOG_LEVEL", "WARNING")
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.env import ENV  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
-from tools.models import SMOLLM2, ensure_model  # noqa: E402
+from tools.models import DEMO_MODEL, ensure_model  # noqa: E402
 from tools.parity import Case, book_dtype, eos_ids, load_tokenizer, run_parity_cases  # noqa: E402
 
 SYSTEMS = [
@@ -33,24 +33,24 @@ SYSTEMS = [
     "You write for a cooking magazine. Every answer names the dish, the time it takes, the "
     "ingredients with their amounts, and the steps in order. Use metric units. Mention what can "
     "go wrong and how to fix it. Suggest one variation for vegetarians and one for people in a "
-    "hurry. Finish with a tip on serving. " * 3,
+    "hurry. Finish with a tip on serving. " * 5,
 ]
-QUESTIONS = ["Hi", "What is 2 + 2?", "Name a colour.", "Write a haiku about rain.",
+QUESTIONS = ["Hi there!", "What is 2 + 2?", "Name a colour.", "Write a haiku about rain.",
              "def square(x):", "Explain recursion in one line.", "How do I boil an egg?",
              "List three prime numbers."]  # fmt: skip
 NEW_TOKENS = [1, 64, 5, 33, 2, 17, 48, 8, 64, 3, 24, 12]
 
 
 def mixed_cases(name: str) -> List[Case]:
-    """24 requests: 8 without a system prompt (3 to 10 tokens), 16 under one of three shared
-    system prompts (up to about 300 tokens)."""
+    """26 requests: 8 without a system prompt (3 to 10 tokens), 18 under one of three shared
+    system prompts (the longest over 300 tokens)."""
     tok = load_tokenizer(name)
     cases = []
     for i, question in enumerate(QUESTIONS):
         ids = tok(question).input_ids
         cases.append(Case(f"plain-{i}", ids, NEW_TOKENS[i % len(NEW_TOKENS)]))
     for j, system in enumerate(SYSTEMS):
-        for i, question in enumerate(QUESTIONS[j::2][:6] if j < 2 else QUESTIONS[:4]):
+        for i, question in enumerate(QUESTIONS[j : j + 6]):
             chat = [{"role": "system", "content": system}, {"role": "user", "content": question}]
             text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
             n = NEW_TOKENS[(5 * j + i) % len(NEW_TOKENS)]
@@ -85,8 +85,8 @@ def show_overlap_timeline() -> None:
                 events.append(f"process {batch.phase:7s} of {[r.uid for r in batch.reqs]}")
             super()._process_last_data(last_data)
 
-    llm = Tracing(str(ensure_model(SMOLLM2)), dtype=book_dtype(), max_running_req=4, num_page_override=256)
-    tok = load_tokenizer(SMOLLM2)
+    llm = Tracing(str(ensure_model(DEMO_MODEL)), dtype=book_dtype(), max_running_req=4, num_page_override=256)
+    tok = load_tokenizer(DEMO_MODEL)
     out = llm.generate(["The capital of France is", "Water boils at"], SamplingParams(max_tokens=3))
     llm.shutdown()
     print("overlap scheduling: every batch is launched before the previous one is processed")
@@ -96,21 +96,21 @@ def show_overlap_timeline() -> None:
 
 
 def show_llm_generate() -> None:
-    llm = make_llm(SMOLLM2)
-    tok = load_tokenizer(SMOLLM2)
+    llm = make_llm(DEMO_MODEL)
+    tok = load_tokenizer(DEMO_MODEL)
     prompts = ["The capital of France is", tok("def fibonacci(n):").input_ids]
     params = [SamplingParams(max_tokens=12), SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12)]
     for prompt, result in zip(prompts, llm.generate(prompts, params)):
         shown = prompt if isinstance(prompt, str) else f"token ids {prompt}"
         print(f"LLM.generate({shown!r}) -> {result['text']!r}")
     # the same greedy workload with overlap on and off
-    cases = mixed_cases(SMOLLM2)[:12]
+    cases = mixed_cases(DEMO_MODEL)[:12]
     texts = [c.prompt for c in cases]
     sp = [SamplingParams(max_tokens=c.max_new_tokens) for c in cases]
     with_overlap = [r["token_ids"] for r in llm.generate(texts, sp)]
     llm.shutdown()
     ENV.DISABLE_OVERLAP_SCHEDULING.value = True
-    llm = make_llm(SMOLLM2)
+    llm = make_llm(DEMO_MODEL)
     without = [r["token_ids"] for r in llm.generate(texts, sp)]
     llm.cache_manager.check_integrity()
     llm.shutdown()
@@ -136,7 +136,7 @@ def generate(name: str, cases: List[Case], run: int) -> List[List[int]]:
 def main() -> int:
     show_overlap_timeline()
     show_llm_generate()
-    lengths = [len(c.prompt) for c in mixed_cases(SMOLLM2)]
+    lengths = [len(c.prompt) for c in mixed_cases(DEMO_MODEL)]
     print(f"mixed workload: 24 prompts of {min(lengths)} to {max(lengths)} tokens, 1 to 64 new tokens; "
           "runs: page size 1 and 16")  # fmt: skip
     return 0 if run_parity_cases(generate, mixed_cases, runs=2).ok else 1

@@ -91,7 +91,8 @@ def test_admission_stops_at_the_token_budget_and_the_slots() -> None:
     adder = make_adder(free_pages=100, page_size=1, reserved=0, budget=10)
     assert adder.try_add_one(pending(0, 6, 1)) is not None
     assert adder.try_add_one(pending(1, 6, 1)) is not None  # 4 left of the budget: still admitted
-    assert adder.token_budget == -2 and adder.try_add_one(pending(2, 1, 1)) is None
+    # (whole here; from chapter 10 only its first 4 tokens, the rest in a later batch)
+    assert adder.token_budget <= 0 and adder.try_add_one(pending(2, 1, 1)) is None
     adder = make_adder(free_pages=100, page_size=1, reserved=0)
     assert all(adder.try_add_one(pending(i, 2, 2)) for i in range(4))
     assert adder.try_add_one(pending(4, 2, 2)) is None  # four request slots only
