@@ -136,9 +136,10 @@ def generate(name: str, cases: List[Case], run: int) -> List[List[int]]:
 def main() -> int:
     show_overlap_timeline()
     show_llm_generate()
-    lengths = [len(c.prompt) for c in mixed_cases(DEMO_MODEL)]
-    print(f"mixed workload: 24 prompts of {min(lengths)} to {max(lengths)} tokens, 1 to 64 new tokens; "
-          "runs: page size 1 and 16")  # fmt: skip
+    cases = mixed_cases(DEMO_MODEL)
+    lengths, news = [len(c.prompt) for c in cases], [c.max_new_tokens for c in cases]
+    print(f"mixed workload: {len(cases)} prompts of {min(lengths)} to {max(lengths)} tokens, "
+          f"{min(news)} to {max(news)} new tokens; runs: page size 1 and 16")  # fmt: skip
     return 0 if run_parity_cases(generate, mixed_cases, runs=2).ok else 1
 
 
