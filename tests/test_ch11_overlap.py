@@ -26,8 +26,9 @@ ch07 = load_example("examples/ch07_scheduler.py")
 
 # ----------------------------------------------------------------------------- upstream's logic
 class UpstreamLogic:
-    """Upstream's processing of results and of aborts (scheduler.py at the pinned commit,
-    lines 138-197), mixed into a scheduler to show what the checks below catch."""
+    """Upstream's processing of results and of aborts (python/minisgl/scheduler/scheduler.py
+    at the pinned commit, lines 138-166 and 190-195), mixed into a scheduler to show what the
+    checks below catch."""
 
     def _process_last_data(self, last_data) -> None:
         if last_data is None:
