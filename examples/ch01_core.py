@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minisgl.core import Batch, Context, Req, SamplingParams, get_global_ctx, set_global_ctx  # noqa: E402
 from tools.models import DEMO_MODEL, ensure_model  # noqa: E402
-from tools.parity import build_prompts, eos_ids, load_example, load_tokenizer, run_parity  # noqa: E402
+from tools.parity import eos_ids, load_example, load_tokenizer, run_parity  # noqa: E402
 
 step0 = load_example("examples/ch00_step0.py")
 

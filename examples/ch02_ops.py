@@ -38,7 +38,7 @@ from tools.parity import eos_ids, run_parity  # noqa: E402
 @torch.no_grad()
 def compare_ops() -> None:
     """Each op against the transformers code it stands for, on random inputs."""
-    from transformers import LlamaConfig, Qwen3Config
+    from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import (
         LlamaRMSNorm,
         LlamaRotaryEmbedding,

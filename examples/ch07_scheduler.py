@@ -21,7 +21,7 @@ from minisgl.distributed import DistributedInfo  # noqa: E402
 from minisgl.message import BaseBackendMsg, DetokenizeMsg, UserMsg  # noqa: E402
 from minisgl.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from tools.models import DEMO_MODEL, ensure_model  # noqa: E402
-from tools.parity import book_dtype, build_prompts, load_tokenizer, run_parity  # noqa: E402
+from tools.parity import book_dtype, load_tokenizer, run_parity  # noqa: E402
 
 
 class AllDone(Exception):

@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 from typing import List
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("LOG_LEVEL", "WARNING")

@@ -13,6 +13,7 @@ from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.scheduler import _make_input_tuple, _make_positions, _make_write_tuple
 from minisgl.scheduler.table import TableManager
 from tests.support import load_example
+from tools.parity import build_prompts
 
 ch07 = load_example("examples/ch07_scheduler.py")
 
@@ -99,7 +100,7 @@ def test_max_tokens_and_eos() -> None:
 
 def test_stopping_at_eos(model_path) -> None:
     """SmolLM2 ends its answer with <|im_end|> (the EOS): the scheduler stops there."""
-    prompt = ch07.build_prompts("smollm2-135m")[0]  # "The capital of France is" -> ... <|im_end|>
+    prompt = build_prompts("smollm2-135m")[0]  # "The capital of France is" -> ... <|im_end|>
     sched = ch07.ScriptedScheduler(ch07.make_config("smollm2-135m"), [(0, ch07.user_msg(0, prompt, 40))])
     sched.run()
     sched.shutdown()

@@ -20,6 +20,7 @@ from minisgl.message import AbortBackendMsg, DetokenizeMsg
 from minisgl.scheduler.prefill import ChunkedReq
 from tests.support import load_example
 from tools.models import ensure_model
+from tools.parity import build_prompts
 
 ch07 = load_example("examples/ch07_scheduler.py")
 
@@ -223,7 +224,7 @@ def test_fix2_upstream_sends_a_token_past_the_eos() -> None:
 def test_fix2_llm_generate_stops_at_eos_with_smollm2() -> None:
     llm = make(LLM, "smollm2-135m", max_running_req=8)
     try:
-        prompts = ch07.build_prompts("smollm2-135m")
+        prompts = build_prompts("smollm2-135m")
         results = llm.generate(prompts, SamplingParams(max_tokens=40))
     finally:
         llm.shutdown()

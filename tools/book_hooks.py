@@ -80,7 +80,7 @@ def render_tree(book: Book, chapter: int) -> str:
     files = sorted(book.package_files(chapter))
     marks = {p: "created" for p in me.creates}
     marks.update({p: "modified" for p in me.modifies})
-    marks.update({p: f"early (from a later chapter)" for p in me.early})
+    marks.update({p: "early (from a later chapter)" for p in me.early})
     if not files:
         return "*(no package files yet)*"
     rows = []

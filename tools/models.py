@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -180,10 +179,10 @@ def _fingerprint(name: str) -> Dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Serialise builders (pytest workers, parallel checks) on one lock file."""
+def file_lock(path: Path) -> Iterator[None]:
+    """Serialise processes (pytest workers, parallel checks) on one lock file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
+    with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -208,7 +207,7 @@ def ensure_model(name: str) -> Path:
     folder = cache_dir() / "models" / name
     if _is_current(folder, name):
         return folder
-    with _locked(cache_dir() / "models" / f".{name}.lock"):
+    with file_lock(cache_dir() / "models" / f".{name}.lock"):
         if _is_current(folder, name):
             return folder
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=folder.parent))

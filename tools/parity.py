@@ -15,8 +15,6 @@ Nothing here imports minisgl.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -27,9 +25,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
-from tools.models import PARITY_MODELS, SMOLLM2, cache_dir, ensure_model
+from tools.models import PARITY_MODELS, SMOLLM2, cache_dir, ensure_model, file_lock
 
 DEFAULT_TEXTS = ["The capital of France is", "def fibonacci(n):", "Name three primary colours."]
 # A generator: (model name, prompts as token ids, max new tokens) -> generated ids per prompt.
@@ -93,17 +91,6 @@ class Reference:
     margins: List[float]  # top-1 minus top-2 logit, per generated token
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def _reference_key(name: str, prompt: List[int], n: int, device: str, dtype: str) -> str:
     import torch
     import transformers
@@ -127,7 +114,7 @@ def hf_references(
     dtype_name = str(dtype).removeprefix("torch.")
     store = cache_dir() / "references" / f"{name}.json"
     keys = [_reference_key(name, p, n, device, dtype_name) for p in prompts]
-    with _locked(store.with_suffix(".lock")):
+    with file_lock(store.with_suffix(".lock")):
         known: Dict[str, Dict] = json.loads(store.read_text()) if store.exists() else {}
         missing = [i for i, k in enumerate(keys) if k not in known]
         if missing:

@@ -14,7 +14,7 @@ from pathlib import Path
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as `python tools/figures.py`
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.figures import BLUE, CYAN, GREEN, GREY, ORANGE, PURPLE, TEAL, Svg
+from tools.figures import CYAN, GREEN, GREY, ORANGE, PURPLE, TEAL, Svg
 
 # SmolLM2-135M: hidden 576, 9 query heads and 3 KV heads of 64 dims, MLP 1536, 30 layers.
 # Checkpoint order is safetensors' (alphabetical) order, as the loader reads it.
