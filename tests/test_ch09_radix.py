@@ -213,3 +213,23 @@ def test_reuse_through_the_scheduler(model_path) -> None:
     model = load_example("examples/ch00_step0.py").Step0Model(model_path("tiny-qwen2"))
     assert [outputs["radix"][i] for i in range(2)] == [model.generate(p, 6) for p in prompts]
     assert outputs["radix"] == outputs["naive"]
+
+
+def test_a_running_request_does_not_read_pages_freed_as_duplicates(model_path) -> None:
+    """Two requests with a common prefix are prefilled in the same batch. Both computed the
+    prefix; the cache keeps the first one's copy, and the second one's duplicate pages are
+    freed while it keeps decoding. Its page-table row must then point at the cache's copy:
+    otherwise its later steps read pages that a newcomer (r2) has meanwhile overwritten."""
+    ch09 = load_example("examples/ch09_radix.py")
+    shared = list(range(100, 108))
+    a, b, c = shared + [900, 901], shared + [700, 701], list(range(300, 333))
+    arrivals = [(0, ch09.ch07.user_msg(0, a, 2)), (0, ch09.ch07.user_msg(1, b, 20)), (3, ch09.ch07.user_msg(2, c, 1))]
+    config = ch09.ch07.make_config("tiny-qwen3", page_size=1, num_page_override=64, cache_type="radix", max_running_req=4)
+    sched = ch09.ch07.ScriptedScheduler(config, arrivals)
+    try:
+        outputs = sched.run()
+        sched.cache_manager.check_integrity()
+    finally:
+        sched.shutdown()
+    model = load_example("examples/ch00_step0.py").Step0Model(model_path("tiny-qwen3"))
+    assert outputs[1] == model.generate(b, 20)

@@ -70,7 +70,9 @@ class CacheManager:
         Of the slots page_table[req, 0 .. cached_len-1]:
           [0, old handle's length)       came from the cache when the request started;
           [old handle's length, matched) the request computed, but meanwhile another request
-                                         cached the same tokens: duplicates, freed now;
+                                         cached the same tokens: duplicates, freed now (a
+                                         request that keeps running reads the cache's copy
+                                         from now on: its page-table row is pointed at it);
           [matched, new handle's length) now owned by the cache;
           [new handle's length, end)     a partial last page the cache does not take: freed if
                                          the request is finished, else kept by the request.
@@ -80,10 +82,14 @@ class CacheManager:
         old_handle = req.cache_handle
         matched, new_handle = self.prefix_cache.insert_prefix(insert_ids, page_indices)
         self.unlock(old_handle)  # only after the insert, which may reuse the old nodes
-        self._free(page_indices[old_handle.cached_len : matched])
+        duplicates = page_indices[old_handle.cached_len : matched].clone()
+        self._free(duplicates)
         if finished:
             self._free(page_indices[new_handle.cached_len :])
         else:
+            if len(duplicates) > 0:  # the row still points at the freed pages: use the cache's
+                cached = new_handle.get_matched_indices()[old_handle.cached_len : matched]
+                page_indices[old_handle.cached_len : matched] = cached.to(page_indices.device)
             req.cache_handle = new_handle
             self.lock(new_handle)
 
