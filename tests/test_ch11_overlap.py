@@ -104,12 +104,13 @@ class RecordingLLM(LLM):
     def _forward(self, forward_input):
         output = super()._forward(forward_input)
         self.launched = list(forward_input.batch.reqs)
+        self.launched_batch = forward_input.batch
         return output
 
     def _process_last_data(self, last_data) -> None:
         super()._process_last_data(last_data)
-        if last_data is not None and last_data[0].batch.reqs == self.launched:
-            self.launched = []  # nothing in flight any more (the plain loop)
+        if last_data is not None and last_data[0].batch is getattr(self, "launched_batch", None):
+            self.launched = []  # the batch just processed was the last launched: none in flight
 
     def offline_send_result(self, reply: List[DetokenizeMsg]) -> None:
         self.messages.extend(reply)
