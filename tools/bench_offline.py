@@ -79,26 +79,45 @@ def run_transformers(path: str, prompts: List[List[int]]) -> Tuple[float, int]:
     return best_of(lambda: timed(go))
 
 
-def run_minisgl(path: str, prompts: List[List[int]], cache_type: str, budget: int, overlap: bool) -> Tuple[float, int]:
+def run_minisgl(
+    path: str, prompts: List[List[int]], cache_type: str, budget: int, overlap: bool
+) -> Tuple[float, int, int, int]:
+    """(seconds, generated tokens, prompt tokens computed, prefill batches)."""
     from minisgl.core import SamplingParams
     from minisgl.env import ENV
     from minisgl.llm import LLM
 
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
 
+    class CountingLLM(LLM):
+        """Counts the prompt tokens that prefill batches really compute."""
+
+        computed = prefills = 0
+
+        def _forward(self, forward_input):
+            if forward_input.batch.is_prefill:
+                self.computed += sum(r.extend_len for r in forward_input.batch.reqs)
+                self.prefills += 1
+            return super()._forward(forward_input)
+
     def once() -> Tuple[float, int]:
         # a fresh engine each time: a prefix cache left warm by the last run would flatter it
         ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
-        llm = LLM(path, dtype=torch.float32, max_running_req=32, page_size=16, num_page_override=1024,
-                  cache_type=cache_type, max_extend_tokens=budget)  # fmt: skip
+        llm = CountingLLM(path, dtype=torch.float32, max_running_req=32, page_size=16,
+                          num_page_override=1024, cache_type=cache_type, max_extend_tokens=budget)  # fmt: skip
         try:
             llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
-            return timed(lambda: sum(len(r["token_ids"]) for r in llm.generate(prompts, params)))
+            llm.computed = llm.prefills = 0
+            result = timed(lambda: sum(len(r["token_ids"]) for r in llm.generate(prompts, params)))
+            counts[:] = [llm.computed, llm.prefills]
+            return result
         finally:
             llm.shutdown()
             ENV.DISABLE_OVERLAP_SCHEDULING.value = False
 
-    return best_of(once)
+    counts = [0, 0]
+    seconds, tokens = best_of(once)
+    return seconds, tokens, counts[0], counts[1]
 
 
 def main() -> int:
@@ -114,7 +133,8 @@ def main() -> int:
     prompts = workload(AutoTokenizer.from_pretrained(path))
     lengths = [len(p) for p in prompts]
     shared = len(os.path.commonprefix(prompts))
-    rows = [("transformers `generate`, one batch of 32 (left-padded)", *run_transformers(path, prompts))]
+    hf_seconds, hf_tokens = run_transformers(path, prompts)
+    rows = [("transformers `generate`, one batch of 32 (left-padded)", hf_seconds, hf_tokens, sum(lengths), 1)]
     configs = [
         ("minisgl `LLM.generate`: radix cache, prefill budget 512, overlap", "radix", 512, True),
         ("the same, with the naive cache instead of the radix cache", "naive", 512, True),
@@ -132,10 +152,13 @@ def main() -> int:
         f"system prompt), {NEW_TOKENS} new tokens each ({32 * NEW_TOKENS} in all); best of "
         f"{REPEAT} runs. Regenerate with `python tools/bench_offline.py`.",
         "",
-        "| configuration | seconds | generated tokens/s |",
-        "| --- | ---: | ---: |",
+        "| configuration | seconds | generated tokens/s | prompt tokens computed | prefill batches |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
-    lines += [f"| {label} | {seconds:.1f} | {tokens / seconds:.1f} |" for label, seconds, tokens in rows]
+    lines += [
+        f"| {label} | {seconds:.1f} | {tokens / seconds:.1f} | {computed} | {batches} |"
+        for label, seconds, tokens, computed, batches in rows
+    ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
