@@ -233,3 +233,13 @@ def test_a_running_request_does_not_read_pages_freed_as_duplicates(model_path) -
         sched.shutdown()
     model = load_example("examples/ch00_step0.py").Step0Model(model_path("tiny-qwen3"))
     assert outputs[1] == model.generate(b, 20)
+
+
+def test_reset_only_once_everything_is_evicted() -> None:
+    cache = make_cache(1)
+    cache.insert_prefix(t(1, 2, 3), slots(0, 3))
+    with pytest.raises(RuntimeError, match="3 must be evicted first"):
+        cache.reset()
+    assert sorted(cache.evict(cache.size_info.evictable_size).tolist()) == [0, 1, 2]
+    cache.reset()
+    assert cache.match_prefix(t(1, 2, 3)).cuda_handle.cached_len == 0

@@ -180,10 +180,14 @@ class RadixPrefixCache(BasePrefixCache):
         return torch.cat(evicted)
 
     def reset(self) -> None:
-        if self.protected_size:
-            raise RuntimeError("cannot reset the cache while requests hold parts of it")
+        """Start from an empty tree. The cached tokens' slots must have been taken back first
+        (evict(size_info.evictable_size)): a reset cannot hand them to the caller."""
+        if self.protected_size or self.evictable_size:
+            raise RuntimeError(
+                f"cannot reset: {self.protected_size} tokens are held by requests and "
+                f"{self.evictable_size} must be evicted first (their slots go back to the pool)"
+            )
         self.root_node.children.clear()
-        self.evictable_size = 0
 
     @property
     def size_info(self) -> SizeInfo:
