@@ -278,10 +278,10 @@ def test_fix4_upstream_frees_twice() -> None:
 
 
 def test_sampling_is_reproducible_and_per_request() -> None:
-    params = [SamplingParams(temperature=1.0, top_k=50, max_tokens=10),
-              SamplingParams(temperature=1.0, top_k=1, max_tokens=10),  # top-k 1: greedy
-              SamplingParams(temperature=0.8, top_p=0.9, max_tokens=10),
-              SamplingParams(max_tokens=10)]  # fmt: skip
+    params = [SamplingParams(temperature=1.5, top_k=3, max_tokens=12),
+              SamplingParams(temperature=1.0, top_k=1, max_tokens=12),  # top-k 1: greedy
+              SamplingParams(temperature=1.0, top_p=0.6, max_tokens=12),
+              SamplingParams(max_tokens=12)]  # fmt: skip
     runs = []
     for _ in range(2):
         llm = make(LLM, "smollm2-135m")
@@ -291,9 +291,29 @@ def test_sampling_is_reproducible_and_per_request() -> None:
             llm.shutdown()
     assert runs[0] == runs[1]  # a fresh engine seeds its sampler the same way
     greedy = load_example("examples/ch00_step0.py").Step0Model(ensure_model("smollm2-135m"))
-    expected = [greedy.generate(p, 10) for p in PROMPTS[:4]]
+    expected = [greedy.generate(p, 12) for p in PROMPTS[:4]]
     assert runs[0][1] == expected[1] and runs[0][3] == expected[3]  # the greedy ones
-    assert runs[0][0] != expected[0]  # temperature 1 over 50 tokens does not follow greedy
+    assert runs[0][0] != expected[0] and runs[0][2] != expected[2]  # the sampled ones do sample
+
+    # Each sampled token must lie inside its own request's filter, judged by transformers'
+    # distribution over the same prefix: within the top 3 for request 0, and inside the 0.6
+    # nucleus of softmax(logits) for request 2.
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(ensure_model("smollm2-135m"), dtype=torch.float32)
+    for i, check in ((0, "top-k"), (2, "top-p")):
+        prompt, out = PROMPTS[i], runs[0][i]
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + out])).logits[0, len(prompt) - 1 : -1]
+        for pos, (row, token) in enumerate(zip(logits, out)):
+            order = row.argsort(descending=True).tolist()
+            rank = order.index(token)
+            if check == "top-k":
+                assert rank < 3, f"request 0, token {pos}: rank {rank} is outside the top 3"
+            else:
+                probs = torch.softmax(row, dim=-1)[order]
+                mass_before = float(probs[:rank].sum())
+                assert mass_before < 0.6 + 1e-4, f"request 2, token {pos}: outside the nucleus"
 
 
 def test_llm_generate_refuses_a_prompt_that_cannot_fit() -> None:
