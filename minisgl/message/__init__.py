@@ -1,7 +1,9 @@
 from .backend import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, ExitMsg, UserMsg
-from .tokenizer import BaseTokenizerMsg, BatchTokenizerMsg, DetokenizeMsg
+from .frontend import BaseFrontendMsg, BatchFrontendMsg, UserReply
+from .tokenizer import AbortMsg, BaseTokenizerMsg, BatchTokenizerMsg, DetokenizeMsg, TokenizeMsg
 
 __all__ = [
+    "AbortMsg",
     "AbortBackendMsg",
     "BaseBackendMsg",
     "BatchBackendMsg",
@@ -10,4 +12,8 @@ __all__ = [
     "BaseTokenizerMsg",
     "BatchTokenizerMsg",
     "DetokenizeMsg",
+    "TokenizeMsg",
+    "BaseFrontendMsg",
+    "BatchFrontendMsg",
+    "UserReply",
 ]

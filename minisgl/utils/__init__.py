@@ -2,6 +2,14 @@ from .arch import is_arch_supported, is_sm90_supported, is_sm100_supported
 from .hf import cached_load_hf_config, download_hf_weight, load_tokenizer
 from .logger import init_logger
 from .misc import UNSET, Unset, align_ceil, align_down, call_if_main, div_ceil, div_even
+from .mp import (
+    ZmqAsyncPullQueue,
+    ZmqAsyncPushQueue,
+    ZmqPubQueue,
+    ZmqPullQueue,
+    ZmqPushQueue,
+    ZmqSubQueue,
+)
 from .registry import Registry
 from .torch_utils import nvtx_annotate, torch_dtype
 
@@ -23,4 +31,10 @@ __all__ = [
     "torch_dtype",
     "nvtx_annotate",
     "Registry",
+    "ZmqAsyncPullQueue",
+    "ZmqAsyncPushQueue",
+    "ZmqPubQueue",
+    "ZmqPullQueue",
+    "ZmqPushQueue",
+    "ZmqSubQueue",
 ]

@@ -1,0 +1,288 @@
+"""Chapter 12: messages on the wire and the ZMQ queues between processes.
+
+The fifth fix (the broadcast waits for its subscribers) has a check that holds for our
+publisher and a test asserting that the same check catches upstream's plain PUB socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import fields, is_dataclass
+from typing import Any, Callable, Iterator, List, TypeVar
+
+import msgpack
+import pytest
+import torch
+
+import minisgl.message as message
+from minisgl.core import SamplingParams
+from minisgl.message import (
+    AbortBackendMsg,
+    AbortMsg,
+    BaseBackendMsg,
+    BaseFrontendMsg,
+    BaseTokenizerMsg,
+    BatchBackendMsg,
+    BatchFrontendMsg,
+    BatchTokenizerMsg,
+    DetokenizeMsg,
+    ExitMsg,
+    TokenizeMsg,
+    UserMsg,
+    UserReply,
+)
+from minisgl.message.utils import deserialize_type, serialize_type
+from minisgl.utils import (
+    ZmqAsyncPullQueue,
+    ZmqAsyncPushQueue,
+    ZmqPubQueue,
+    ZmqPullQueue,
+    ZmqPushQueue,
+    ZmqSubQueue,
+)
+
+FAMILIES = (BaseBackendMsg, BaseTokenizerMsg, BaseFrontendMsg)
+Q = TypeVar("Q")
+
+
+@pytest.fixture
+def folder() -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="minisgl-test-") as path:
+        yield f"ipc://{path}"
+
+
+@pytest.fixture
+def keep() -> Iterator[Callable[[Q], Q]]:
+    """Registers a queue to be stopped after the test, passed or failed: a ZMQ context left
+    with an open socket can hang the interpreter when it is collected."""
+    opened: List[Any] = []
+
+    def register(queue: Q) -> Q:
+        opened.append(queue)
+        return queue
+
+    yield register
+    for queue in opened:
+        if not queue.socket.closed:
+            queue.stop()
+
+
+def family_of(msg: Any) -> type:
+    return next(f for f in FAMILIES if isinstance(msg, f))
+
+
+def wire(msg: Any) -> Any:
+    """Through the encoder, msgpack and the decoder, as a queue does."""
+    family = family_of(msg)
+    raw = msgpack.packb(family.encoder(msg), use_bin_type=True)
+    return family.decoder(msgpack.unpackb(raw, raw=False))
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if is_dataclass(a):
+        return type(a) is type(b) and all(same(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(same, a, b))
+    return a == b and type(a) is type(b)
+
+
+def samples() -> List[Any]:
+    params = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, ignore_eos=True, max_tokens=5)
+    return [
+        UserMsg(1, torch.tensor([5, 6, 7], dtype=torch.int32), params),
+        AbortBackendMsg(2),
+        ExitMsg(),
+        BatchBackendMsg([AbortBackendMsg(3), UserMsg(4, torch.tensor([9], dtype=torch.int32), params)]),
+        DetokenizeMsg(1, 42, False),
+        DetokenizeMsg(2, -1, True, error="the prompt has 0 tokens"),
+        TokenizeMsg(5, "héllo, wörld ✓", params),
+        TokenizeMsg(6, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], params),
+        AbortMsg(7),
+        BatchTokenizerMsg([DetokenizeMsg(8, 1, False), AbortMsg(9)]),
+        UserReply(10, " Paris", True),
+        BatchFrontendMsg([UserReply(11, "", False, error="refused")]),
+    ]  # fmt: skip
+
+
+def test_every_message_type_round_trips() -> None:
+    covered = {type(m) for m in samples()}
+    exported = {getattr(message, n) for n in message.__all__} - set(FAMILIES)
+    assert covered == exported, f"no sample for {exported - covered}"
+    for msg in samples():
+        assert same(wire(msg), msg), msg
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [torch.tensor([1, 2, 3], dtype=torch.int32), torch.arange(10, dtype=torch.int64),
+     torch.randn(3, 4), torch.randn(5).to(torch.bfloat16), torch.tensor([True, False]),
+     torch.empty(0, dtype=torch.int32), torch.arange(12, dtype=torch.int32).view(3, 4).t()],
+    ids=["int32", "int64", "float32-2d", "bfloat16", "bool", "empty", "non-contiguous"],
+)  # fmt: skip
+def test_tensors_of_any_dtype_and_shape_round_trip(tensor: torch.Tensor) -> None:
+    back = wire(UserMsg(0, tensor, SamplingParams())).input_ids
+    assert back.dtype == tensor.dtype and back.shape == tensor.shape and torch.equal(back, tensor)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when a tensor sits on read-only bytes
+        back.zero_()  # the received tensor owns writable memory
+
+
+def test_a_prompt_travels_as_raw_bytes() -> None:
+    msg = UserMsg(0, torch.arange(1000, dtype=torch.int32), SamplingParams())
+    size = len(msgpack.packb(msg.encoder(), use_bin_type=True))
+    assert 4000 < size < 4300, size  # 4 bytes a token and a small header
+
+
+def test_decoders_refuse_what_they_do_not_know() -> None:
+    with pytest.raises(ValueError, match="unknown message type 'Popen'"):
+        BaseBackendMsg.decoder({"__type__": "Popen", "args": ["rm"]})
+    with pytest.raises(ValueError, match="unknown message type 'DetokenizeMsg'"):  # another family
+        BaseBackendMsg.decoder(serialize_type(DetokenizeMsg(1, 2, False)))
+    with pytest.raises(ValueError, match="not a message for the scheduler: SamplingParams"):
+        BaseBackendMsg.decoder(serialize_type(SamplingParams()))
+    with pytest.raises(ValueError, match="malformed AbortMsg"):
+        BaseTokenizerMsg.decoder({"__type__": "AbortMsg"})
+    with pytest.raises(ValueError, match="unknown message type None"):
+        BaseFrontendMsg.decoder({"uid": 1})
+    with pytest.raises(ValueError, match="unknown tensor dtype 'nonsense'"):
+        deserialize_type({}, {"__type__": "Tensor", "dtype": "nonsense", "shape": [1], "buffer": b"\0"})
+    with pytest.raises(TypeError, match="not a dataclass or tensor"):
+        serialize_type(object())
+
+
+def test_decoded_requests_do_not_share_sampling_params() -> None:
+    params = SamplingParams(max_tokens=4)
+    batch = wire(BatchBackendMsg([UserMsg(i, torch.tensor([i], dtype=torch.int32), params) for i in range(2)]))
+    assert batch.data[0].sampling_params == params
+    assert batch.data[0].sampling_params is not batch.data[1].sampling_params
+
+
+# ------------------------------------------------------------------------------ PUSH and PULL
+def echo_worker(backend_addr: str, reply_addr: str) -> None:
+    """A stand-in scheduler: answers each request with its prompt's length, until ExitMsg."""
+    inbox = ZmqPullQueue(backend_addr, create=True, decoder=BaseBackendMsg.decoder)
+    outbox = ZmqPushQueue(reply_addr, create=False, encoder=BaseTokenizerMsg.encoder)
+    while not isinstance(msg := inbox.get(), ExitMsg):
+        outbox.put(DetokenizeMsg(msg.uid, len(msg.input_ids), finished=True))
+    inbox.stop()
+    outbox.stop()
+
+
+def test_push_and_pull_between_processes(folder: str, keep: Callable) -> None:
+    replies = keep(ZmqPullQueue(f"{folder}/replies", create=True, decoder=BaseTokenizerMsg.decoder))
+    requests = keep(ZmqPushQueue(f"{folder}/backend", create=False, encoder=BaseBackendMsg.encoder))
+    worker = mp.get_context("spawn").Process(target=echo_worker, args=(f"{folder}/backend", f"{folder}/replies"))
+    worker.start()
+    for uid in range(3):  # sent before the worker has bound: PUSH keeps them until it has
+        requests.put(UserMsg(uid, torch.zeros(uid + 2, dtype=torch.int32), SamplingParams()))
+    got = sorted((r.uid, r.next_token) for r in (replies.get() for _ in range(3)))
+    requests.put(ExitMsg())
+    worker.join(timeout=60)
+    assert got == [(0, 2), (1, 3), (2, 4)] and worker.exitcode == 0
+
+
+def test_pull_queue_empty_and_raw_forwarding(folder: str, keep: Callable) -> None:
+    pull = keep(ZmqPullQueue(f"{folder}/in", create=True, decoder=BaseBackendMsg.decoder))
+    push = keep(ZmqPushQueue(f"{folder}/in", create=False, encoder=BaseBackendMsg.encoder))
+    assert pull.empty()
+    push.put(AbortBackendMsg(5))
+    assert pull.socket.poll(timeout=2000) and not pull.empty()
+    raw = pull.get_raw()  # rank 0 keeps the bytes to forward them unchanged
+    assert isinstance(raw, bytes) and pull.decode(raw) == AbortBackendMsg(5) and pull.empty()
+
+
+def test_async_queues(folder: str, keep: Callable) -> None:
+    async def run() -> List[Any]:
+        to_sync = keep(ZmqAsyncPushQueue(f"{folder}/a", create=False, encoder=BaseTokenizerMsg.encoder))
+        sync_pull = keep(ZmqPullQueue(f"{folder}/a", create=True, decoder=BaseTokenizerMsg.decoder))
+        from_sync = keep(ZmqAsyncPullQueue(f"{folder}/b", create=True, decoder=BaseFrontendMsg.decoder))
+        sync_push = keep(ZmqPushQueue(f"{folder}/b", create=False, encoder=BaseFrontendMsg.encoder))
+        await to_sync.put(TokenizeMsg(1, "hi", SamplingParams()))
+        sync_push.put(UserReply(1, "hello", True))
+        assert sync_pull.socket.poll(timeout=10_000)
+        return [sync_pull.get(), await asyncio.wait_for(from_sync.get(), timeout=10)]
+
+    assert asyncio.run(run()) == [TokenizeMsg(1, "hi", SamplingParams()), UserReply(1, "hello", True)]
+
+
+def test_stop_does_not_hang_on_a_peer_that_never_came(folder: str, keep: Callable) -> None:
+    push = keep(ZmqPushQueue(f"{folder}/nobody", create=False, encoder=BaseBackendMsg.encoder))
+    push.put(ExitMsg())  # queued for a peer that never binds
+    stopper = threading.Thread(target=push.stop)
+    begin = time.monotonic()
+    stopper.start()
+    stopper.join(timeout=10)
+    assert not stopper.is_alive() and time.monotonic() - begin < 5
+
+
+# ------------------------------------------------------------------------- PUB, SUB, the fix
+class PlainPubQueue(ZmqPubQueue):
+    """Upstream's publisher: sends at once, whether or not anyone has subscribed yet."""
+
+    def wait_for_subscribers(self, timeout: float | None = None) -> None:
+        pass
+
+
+def subscribe_late(addr: str, delay: float, received: List[Any]) -> None:
+    time.sleep(delay)
+    queue = ZmqSubQueue(addr, create=False, decoder=BaseBackendMsg.decoder)
+    while queue.socket.poll(timeout=500):
+        received.append(queue.get())
+    queue.stop()
+
+
+def check_broadcast_reaches_every_rank(publisher_cls: type, folder: str, keep: Callable, ranks: int = 3) -> None:
+    """Rank 0 publishes as soon as it can; the other ranks subscribe a little later. Each of
+    them must see every message, in order: they all run the same schedule."""
+    addr = f"{folder}/broadcast"
+    publisher = keep(publisher_cls(addr, create=True, encoder=BaseBackendMsg.encoder, num_subscribers=ranks - 1))
+    received: List[List[Any]] = [[] for _ in range(ranks - 1)]
+    threads = [threading.Thread(target=subscribe_late, args=(addr, 0.1 * (i + 1), r)) for i, r in enumerate(received)]
+    for t in threads:
+        t.start()
+    sent = [AbortBackendMsg(uid) for uid in range(4)] + [ExitMsg()]
+    try:
+        for msg in sent:
+            publisher.put(msg)
+    finally:
+        for t in threads:
+            t.join()
+    for rank, got in enumerate(received, start=1):
+        assert got == sent, f"rank {rank} received {len(got)} of {len(sent)} messages"
+
+
+def test_fix5_the_broadcast_reaches_every_rank(folder: str, keep: Callable) -> None:
+    check_broadcast_reaches_every_rank(ZmqPubQueue, folder, keep)
+
+
+def test_fix5_upstream_plain_pub_loses_messages(folder: str, keep: Callable) -> None:
+    with pytest.raises(AssertionError, match=r"rank 1 received 0 of 5 messages"):
+        check_broadcast_reaches_every_rank(PlainPubQueue, folder, keep)
+
+
+def test_fix5_connect_returning_is_not_enough(folder: str, keep: Callable) -> None:
+    """The subscriber's connect() has returned, yet its subscription has not reached the
+    publisher: a plain PUB drops the message, ours waits for it."""
+    lost = {}
+    for cls in (PlainPubQueue, ZmqPubQueue):
+        addr = f"{folder}/{cls.__name__}"
+        publisher = keep(cls(addr, create=True, encoder=BaseBackendMsg.encoder, num_subscribers=1))
+        subscriber = keep(ZmqSubQueue(addr, create=False, decoder=BaseBackendMsg.decoder))
+        publisher.put(ExitMsg())
+        lost[cls] = subscriber.socket.poll(timeout=1000) == 0
+    assert lost == {PlainPubQueue: True, ZmqPubQueue: False}
+
+
+def test_waiting_for_subscribers_times_out_with_a_reason(folder: str, keep: Callable) -> None:
+    addr = f"{folder}/lonely"
+    publisher = keep(ZmqPubQueue(addr, create=True, encoder=BaseBackendMsg.encoder, num_subscribers=2))
+    keep(ZmqSubQueue(addr, create=False, decoder=BaseBackendMsg.decoder))
+    with pytest.raises(TimeoutError, match=r"1 of 2 subscribers joined .*lonely within 0.5 s"):
+        publisher.wait_for_subscribers(timeout=0.5)
