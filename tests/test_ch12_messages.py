@@ -267,17 +267,18 @@ def test_fix5_upstream_plain_pub_loses_messages(folder: str, keep: Callable) -> 
         check_broadcast_reaches_every_rank(PlainPubQueue, folder, keep)
 
 
-def test_fix5_connect_returning_is_not_enough(folder: str, keep: Callable) -> None:
-    """The subscriber's connect() has returned, yet its subscription has not reached the
-    publisher: a plain PUB drops the message, ours waits for it."""
-    lost = {}
-    for cls in (PlainPubQueue, ZmqPubQueue):
-        addr = f"{folder}/{cls.__name__}"
-        publisher = keep(cls(addr, create=True, encoder=BaseBackendMsg.encoder, num_subscribers=1))
+def test_fix5_a_message_sent_right_after_connect_arrives(folder: str, keep: Callable) -> None:
+    """The subscriber's connect() has returned, but its subscription may not have reached the
+    publisher yet: ours waits for it, so the message arrives every time. (A plain PUB loses
+    it whenever the subscription is slower than the send, which is most of the time on an
+    idle machine: the main counts how often. Being a race, that count is not asserted.)"""
+    for trial in range(5):
+        addr = f"{folder}/right-after-connect{trial}"
+        publisher = keep(ZmqPubQueue(addr, create=True, encoder=BaseBackendMsg.encoder, num_subscribers=1))
         subscriber = keep(ZmqSubQueue(addr, create=False, decoder=BaseBackendMsg.decoder))
-        publisher.put(ExitMsg())
-        lost[cls] = subscriber.socket.poll(timeout=1000) == 0
-    assert lost == {PlainPubQueue: True, ZmqPubQueue: False}
+        publisher.put(AbortBackendMsg(trial))
+        assert subscriber.socket.poll(timeout=5000), f"trial {trial}: the message was lost"
+        assert subscriber.get() == AbortBackendMsg(trial)
 
 
 def test_waiting_for_subscribers_times_out_with_a_reason(folder: str, keep: Callable) -> None:
