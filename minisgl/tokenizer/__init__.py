@@ -1,0 +1,3 @@
+from .server import tokenize_worker
+
+__all__ = ["tokenize_worker"]
