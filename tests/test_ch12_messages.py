@@ -233,7 +233,7 @@ class PlainPubQueue(ZmqPubQueue):
 def subscribe_late(addr: str, delay: float, received: List[Any]) -> None:
     time.sleep(delay)
     queue = ZmqSubQueue(addr, create=False, decoder=BaseBackendMsg.decoder)
-    while queue.socket.poll(timeout=500):
+    while queue.socket.poll(timeout=300):  # until nothing more comes
         received.append(queue.get())
     queue.stop()
 

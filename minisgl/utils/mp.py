@@ -156,8 +156,10 @@ class ZmqPubQueue(_ZmqQueue, Generic[T]):
 class ZmqSubQueue(_ZmqQueue, Generic[T]):
     def __init__(self, addr: str, create: bool, decoder: Callable[[Dict], T]) -> None:
         self.context = zmq.Context()
-        # subscribe to every message, whatever its first bytes
-        self.socket = _open(self.context, zmq.SUB, addr, create, {zmq.SUBSCRIBE: b""})
+        # subscribe to every message, whatever its first bytes; what a SUB socket sends is
+        # only its (un)subscription, which is not worth waiting for when it closes
+        options: Dict[int, int | bytes] = {zmq.SUBSCRIBE: b"", zmq.LINGER: 0}
+        self.socket = _open(self.context, zmq.SUB, addr, create, options)
         self.decoder = decoder
 
     def get(self) -> T:
