@@ -75,7 +75,7 @@ def test_a_character_split_over_tokens_waits_for_its_last_byte(tokenizer) -> Non
     assert pieces[:-1] == [""] * (len(ids) - 1) and pieces[-1] == "🚀"
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(st.lists(st.integers(0, 49151), min_size=1, max_size=24))
 def test_any_ids_stream_to_their_decoded_text(ids: List[int]) -> None:
     """Random ids, broken characters included: the pieces join to tokenizer.decode, and no
