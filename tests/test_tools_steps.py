@@ -234,6 +234,18 @@ def test_a_failing_test_fails_the_chapter(tmp_path: Path) -> None:
     assert code != 0 and "tests failed" in out and "0 passed, 1 failed" in out
 
 
+def test_chapters_side_by_side_report_what_one_at_a_time_reports(tmp_path: Path) -> None:
+    root = make_book(tmp_path, {"tests/test_ch00_core.py": "def test_broken():\n    assert 1 == 2\n"})
+    tables = []
+    for jobs in ("1", "2"):
+        code, out = check(root, "--jobs", jobs)  # type: ignore[arg-type]
+        assert code != 0 and "tests failed" in out, out  # chapter 00's failure is not lost
+        rows = [line.split() for line in out.splitlines() if line[:3] in ("00 ", "01 ", "02 ")]
+        tables.append([r[:-2] + r[-1:] for r in rows])  # all but the seconds
+    assert tables[0] == tables[1] and [r[0] for r in tables[1]] == ["00", "01", "02"]
+    assert tables[1][0][-1] == "FAIL"
+
+
 def test_a_parity_mismatch_fails_the_chapter(tmp_path: Path) -> None:
     root = make_book(
         tmp_path, {"examples/ch00_main.py": "print('parity: models=1 prompts=2 tokens=9/10 min_margin=0.5000')\n"}

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -354,7 +355,9 @@ atexit.register(_no_leaks)
 '''
 
 
-def _isolated_env(book: Book, number: int, tree: Path, guard_dir: Path) -> Dict[str, str]:
+def _isolated_env(
+    book: Book, number: int, tree: Path, guard_dir: Path, threads: Optional[int] = None
+) -> Dict[str, str]:
     guard_dir.mkdir(parents=True, exist_ok=True)
     (guard_dir / "sitecustomize.py").write_text(GUARD)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
@@ -367,6 +370,8 @@ def _isolated_env(book: Book, number: int, tree: Path, guard_dir: Path) -> Dict[
         MINISGL_BOOK_PACKAGE=book.package,
         MINISGL_BOOK_CHAPTER=str(number),
     )
+    if threads is not None:  # chapters checked side by side: one core each, no oversubscription
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     return env
 
 
@@ -513,6 +518,7 @@ def run_chapter(
     verbose: bool = False,
     run_tests: bool = True,
     check_prints: bool = True,
+    threads: Optional[int] = None,
 ) -> Row:
     chapter = book.chapter(number)
     row = Row(chapter)
@@ -521,7 +527,7 @@ def run_chapter(
     try:
         tree = book.build(number, work / "tree")
         row.files = len(book.package_files(number))
-        env = _isolated_env(book, number, tree, work / "guard")
+        env = _isolated_env(book, number, tree, work / "guard", threads)
         main = subprocess.run(
             [sys.executable, chapter.main],
             cwd=tree, env=env, capture_output=True, text=True, timeout=chapter.timeout,
@@ -599,6 +605,7 @@ def cmd_check(
     verbose: bool,
     mains_only: bool = False,
     check_prints: bool = True,
+    jobs: int = 1,
 ) -> int:
     problems = book.verify()
     print(f"manifests: {len(book.chapters)} chapters, "
@@ -606,15 +613,33 @@ def cmd_check(
           f"{'consistent' if not problems else f'{len(problems)} problem(s)'}")  # fmt: skip
     for p in problems:
         print(f"  - {p}")
-    rows = []
-    for n in numbers or [m.number for m in book.chapters]:
-        print(f"chapter {n:02d}: {book.chapter(n).title} ...", flush=True)
-        row = run_chapter(
-            book, n, keep=keep, verbose=verbose, run_tests=not mains_only, check_prints=check_prints
-        )
+    chosen = numbers or [m.number for m in book.chapters]
+    jobs = 1 if verbose else max(1, min(jobs, len(chosen)))  # -v shows the mains' output in order
+
+    def check_one(n: int) -> Row:
+        return run_chapter(book, n, keep=keep, verbose=verbose, run_tests=not mains_only,
+                           check_prints=check_prints, threads=1 if jobs > 1 else None)  # fmt: skip
+
+    def report(row: Row) -> None:
+        state = "ok" if row.ok else "FAILED"
+        print(f"chapter {row.chapter.label}: {row.chapter.title}: {state} ({row.seconds:.0f} s)", flush=True)
         for p in row.problems:
             print(f"  - {p}")
-        rows.append(row)
+
+    if jobs == 1:
+        rows = []
+        for n in chosen:
+            print(f"chapter {n:02d}: {book.chapter(n).title} ...", flush=True)
+            rows.append(check_one(n))
+            report(rows[-1])
+    else:
+        print(f"checking {len(chosen)} chapters, {jobs} at a time, one thread each", flush=True)
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            # the longest chapters (the last ones) first, so none is left running alone at the end
+            futures = {n: pool.submit(check_one, n) for n in sorted(chosen, reverse=True)}
+            for future in as_completed(futures.values()):
+                report(future.result())
+        rows = [futures[n].result() for n in chosen]
     print()
     print(format_table(rows))
     failed = bool(problems) or any(not r.ok for r in rows)
@@ -691,6 +716,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p_check.add_argument("-v", "--verbose", action="store_true", help="show each main's output")
     p_check.add_argument("--mains-only", action="store_true", help="run the mains, not the tests")
     p_check.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="chapters checked side by side, each with one thread (default: 2, or 1 on one core)",
+    )
+    p_check.add_argument(
         "--no-prints",
         action="store_true",
         help="do not compare the mains' output with the pages (other devices print other things)",
@@ -712,7 +744,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         if args.command == "check":
             return cmd_check(
-                book, args.numbers, args.keep, args.verbose, args.mains_only, not args.no_prints
+                book, args.numbers, args.keep, args.verbose, args.mains_only, not args.no_prints,
+                args.jobs,
             )
         if args.command == "diff":
             return cmd_diff(book, args.a, args.b)
