@@ -9,13 +9,7 @@ ch10-chunks    the same prompt cut into chunks: what each chunk computes, what i
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as `python tools/figures.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from tools.figures import CYAN, GREEN, ORANGE, RED, Svg
+from tools.figures.svg import CYAN, GREEN, ORANGE, RED, Svg
 
 # The trace that examples/ch10_chunked.py::show_chunks prints: per step, each request's part.
 # "c" is a chunk of a ChunkedReq (samples nothing), "p" a prefill that samples the first
@@ -64,7 +58,12 @@ def fig_timeline() -> str:
     for t in range(len(OURS)):
         s.text(x0 + t * cw + cw / 2, 26, str(t), size=13, anchor="middle", muted=True)
 
-    def group(y: float, title: str, steps, waits=None) -> None:
+    def group(
+        y: float,
+        title: str,
+        steps: list[dict[str, tuple[str, int]]],
+        waits: dict[str, tuple[int, int]] | None = None,
+    ) -> None:
         s.text(20, y, title, size=14, bold=True)
         for r, req in enumerate(["r0", "r1", "r2"]):
             ry = y + 12 + r * (rh + 6)
@@ -117,7 +116,9 @@ def fig_chunks() -> str:
         "cache ends, so the result is the same as one prefill of the whole prompt.",
     )
     x0, scale = 40, 9.2  # pixels per token
-    s.text(20, 26, f"r2's prompt: {PROMPT} tokens; max_extend_tokens = {BUDGET}", size=15, bold=True)
+    s.text(
+        20, 26, f"r2's prompt: {PROMPT} tokens; max_extend_tokens = {BUDGET}", size=15, bold=True
+    )
     chunks = []
     start = 0
     while start < PROMPT:
@@ -134,7 +135,9 @@ def fig_chunks() -> str:
             s.text(bx + start * scale / 2, y + 20, f"0-{start - 1}: in the cache, read",
                    size=12.5, anchor="middle")  # fmt: skip
         cx = bx + start * scale
-        s.box(cx, y, n * scale, 30, ORANGE, rx=5, fill_opacity=0.3, dashed=not last, stroke_width=1.3)
+        s.box(
+            cx, y, n * scale, 30, ORANGE, rx=5, fill_opacity=0.3, dashed=not last, stroke_width=1.3
+        )
         s.text(cx + n * scale / 2, y + 20, f"{start}-{start + n - 1}: computed", size=12.5,
                anchor="middle", bold=True)  # fmt: skip
         rest = PROMPT - start - n
@@ -151,14 +154,18 @@ def fig_chunks() -> str:
         s.text(bx, y + 50, kind, size=12.5, mono=True, bold=True, color=ORANGE)
         s.text(bx + (40 if last else 90), y + 50, detail, size=12.5, muted=True)
     ay = 54 + len(chunks) * 88 - 4
-    s.text(20, ay, "A query at position p sees keys 0 .. p: the earlier chunks' keys come from the cache, "
-           "the chunk's own", size=13)  # fmt: skip
-    s.text(20, ay + 20, "keys from this pass. Positions continue at cached_len, so every token gets "
-           "the same RoPE as in one prefill.", size=13)  # fmt: skip
+    s.text(
+        20,
+        ay,
+        "A query at position p sees keys 0 .. p: the earlier chunks' keys come from the cache, "
+        "the chunk's own",
+        size=13,
+    )
+    s.text(
+        20,
+        ay + 20,
+        "keys from this pass. Positions continue at cached_len, so every token gets "
+        "the same RoPE as in one prefill.",
+        size=13,
+    )
     return s.render()
-
-
-FIGURES = {
-    "ch10-timeline": fig_timeline,
-    "ch10-chunks": fig_chunks,
-}

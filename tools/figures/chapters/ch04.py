@@ -8,13 +8,7 @@ ch04-out-loc     the same three requests as batches: the prefill, then two decod
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as `python tools/figures.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from tools.figures import BLUE, GREEN, ORANGE, TEAL, Svg
+from tools.figures.svg import BLUE, GREEN, ORANGE, TEAL, Svg
 
 # examples/ch04_kvpool.py::show_layout with page_size=4 (its printed output has these numbers)
 PAGE_SIZE = 4
@@ -48,7 +42,14 @@ def fig_page_table() -> str:
     tx, ty, cw, ch = 118, 64, 48, 30
     cols = 10
     s.text(16, 26, "page table", size=15, bold=True)
-    s.text(112, 26, "ctx.page_table[request slot, position] = token slot", size=13, muted=True, mono=True)
+    s.text(
+        112,
+        26,
+        "ctx.page_table[request slot, position] = token slot",
+        size=13,
+        muted=True,
+        mono=True,
+    )
     for c in range(cols):
         s.text(tx + c * cw + cw / 2, ty - 10, str(c), size=12, anchor="middle", muted=True)
     s.text(tx - 12, ty - 10, "position", size=12, anchor="end", muted=True)
@@ -60,8 +61,19 @@ def fig_page_table() -> str:
             x = tx + c * cw
             if c < n:
                 picked = (r, c) == (1, 4)
-                s.box(x + 2, y, cw - 4, ch, color, rx=5, fill_opacity=0.22, stroke_width=2.4 if picked else 1.2)
-                s.text(x + cw / 2, y + 20, str(_slot(pages, c)), size=13.5, anchor="middle", mono=True)
+                s.box(
+                    x + 2,
+                    y,
+                    cw - 4,
+                    ch,
+                    color,
+                    rx=5,
+                    fill_opacity=0.22,
+                    stroke_width=2.4 if picked else 1.2,
+                )
+                s.text(
+                    x + cw / 2, y + 20, str(_slot(pages, c)), size=13.5, anchor="middle", mono=True
+                )
                 cell_pos[(r, c)] = (x + cw / 2, y + ch)
             else:
                 s.box(x + 2, y, cw - 4, ch, None, rx=5, dashed=True, stroke_width=0.8)
@@ -74,7 +86,7 @@ def fig_page_table() -> str:
     s.text(16, py - 52, "KV pool, one layer's K", size=15, bold=True)
     shape_label = (222, py - 52, "k_cache(layer): [pages, page_size, kv_heads, head_dim]")
     owner: dict[int, tuple[int, str]] = {}
-    for r, (_, n, pages, color) in enumerate(REQS):
+    for _, n, pages, color in REQS:
         for p in range(n):
             owner[_slot(pages, p)] = (p, color)
     slot_pos: dict[int, float] = {}
@@ -82,7 +94,14 @@ def fig_page_table() -> str:
     for page in range(num_pages):
         x0 = px0 + page * (PAGE_SIZE * pw_slot + gap) + 20
         s.box(x0 - 4, py - 24, PAGE_SIZE * pw_slot + 8, 74, None, rx=7, stroke_width=1)
-        s.text(x0 + PAGE_SIZE * pw_slot / 2, py - 9, f"page {page}", size=12.5, anchor="middle", bold=True)
+        s.text(
+            x0 + PAGE_SIZE * pw_slot / 2,
+            py - 9,
+            f"page {page}",
+            size=12.5,
+            anchor="middle",
+            bold=True,
+        )
         for off in range(PAGE_SIZE):
             slot = page * PAGE_SIZE + off
             x = x0 + off * pw_slot
@@ -94,7 +113,9 @@ def fig_page_table() -> str:
                 s.text(x + pw_slot / 2, py + 17.5, str(pos), size=12, anchor="middle")
             else:
                 s.box(x + 1, py, pw_slot - 2, 26, None, rx=4, dashed=True, stroke_width=0.8)
-            s.text(x + pw_slot / 2, py + 42, str(slot), size=11, anchor="middle", muted=True, mono=True)
+            s.text(
+                x + pw_slot / 2, py + 42, str(slot), size=11, anchor="middle", muted=True, mono=True
+            )
     s.text(px0 + 4, py + 17.5, "pos", size=11, anchor="middle", muted=True)
     s.text(px0 + 4, py + 42, "slot", size=11, anchor="middle", muted=True)
 
@@ -115,9 +136,12 @@ def fig_page_table() -> str:
         16,
         ly,
         [
-            "slot = page × page_size + offset: request 1's position 4 is in its second page (3), offset 0 → slot 12.",
-            "17 of the 24 slots hold tokens; 7 are reserved but unused (the end of each request's last page).",
-            "The pool is one tensor, [2, layers, pages, page_size, kv_heads, head_dim]; K is index 0, V index 1.",
+            "slot = page × page_size + offset: request 1's position 4 is in its second page (3), "
+            "offset 0 → slot 12.",
+            "17 of the 24 slots hold tokens; 7 are reserved but unused (the end of each request's "
+            "last page).",
+            "The pool is one tensor, [2, layers, pages, page_size, kv_heads, head_dim]; K is "
+            "index 0, V index 1.",
         ],
         size=13,
         muted=True,
@@ -126,7 +150,13 @@ def fig_page_table() -> str:
     s.box(16, ly + 52, 22, 16, None, rx=3, dashed=True, stroke_width=0.8)
     s.text(46, ly + 65, "unused slot", size=12.5, muted=True)
     s.box(140, ly + 52, 22, 16, BLUE, rx=3, fill_opacity=0.3, stroke_width=1)
-    s.text(170, ly + 65, "a slot in use, coloured by request; the number is the token's position", size=12.5, muted=True)
+    s.text(
+        170,
+        ly + 65,
+        "a slot in use, coloured by request; the number is the token's position",
+        size=12.5,
+        muted=True,
+    )
     return s.render()
 
 
@@ -147,23 +177,58 @@ def fig_out_loc() -> str:
     )
 
     def labels(y: float) -> None:
-        for ri, (label, bold) in enumerate((("request", True), ("positions", False), ("out_loc", False))):
-            s.text(x0 - 12, y + ri * (rh + 4) + 19, label, size=13, anchor="end", bold=bold, mono=not bold)
+        for ri, (label, bold) in enumerate(
+            (("request", True), ("positions", False), ("out_loc", False))
+        ):
+            s.text(
+                x0 - 12,
+                y + ri * (rh + 4) + 19,
+                label,
+                size=13,
+                anchor="end",
+                bold=bold,
+                mono=not bold,
+            )
 
-    def block(bx: float, y: float, positions: list[list[int]], pages: list[list[int]], mark: int | None) -> None:
+    def block(
+        bx: float, y: float, positions: list[list[int]], pages: list[list[int]], mark: int | None
+    ) -> None:
         col = 0
         for r, (name, _, _, color) in enumerate(REQS):
             ps = positions[r]
             x = bx + col * cw
-            s.box(x + 1, y + 4, len(ps) * cw - 2, rh - 8, color, rx=4, fill_opacity=0.35, stroke_width=1)
-            s.text(x + len(ps) * cw / 2, y + 18, name if len(ps) > 2 else str(r), size=12, anchor="middle")
+            s.box(
+                x + 1,
+                y + 4,
+                len(ps) * cw - 2,
+                rh - 8,
+                color,
+                rx=4,
+                fill_opacity=0.35,
+                stroke_width=1,
+            )
+            s.text(
+                x + len(ps) * cw / 2,
+                y + 18,
+                name if len(ps) > 2 else str(r),
+                size=12,
+                anchor="middle",
+            )
             for j, p in enumerate(ps):
                 xx = bx + (col + j) * cw
                 for ri, value in ((1, p), (2, _slot(pages[r], p))):
                     yy = y + ri * (rh + 4)
                     strong = ri == 2 and r == mark
-                    s.box(xx + 2, yy, cw - 4, rh, color, rx=5, fill_opacity=0.12 if ri == 1 else 0.28,
-                          stroke_width=2.4 if strong else 1.1)  # fmt: skip
+                    s.box(
+                        xx + 2,
+                        yy,
+                        cw - 4,
+                        rh,
+                        color,
+                        rx=5,
+                        fill_opacity=0.12 if ri == 1 else 0.28,
+                        stroke_width=2.4 if strong else 1.1,
+                    )
                     s.text(xx + cw / 2, yy + 19, str(value), size=13, anchor="middle", mono=True)
             col += len(ps)
 
@@ -183,7 +248,14 @@ def fig_out_loc() -> str:
     y += 26
     labels(y)
     block(x0, y, [[5], [9], [3]], pages, None)
-    s.lines(x0 + 3 * cw + 14, y + 19 + rh + 4, ["no new page:", "each has room"], size=12.5, muted=True, gap=1.3)
+    s.lines(
+        x0 + 3 * cw + 14,
+        y + 19 + rh + 4,
+        ["no new page:", "each has room"],
+        size=12.5,
+        muted=True,
+        gap=1.3,
+    )
     pages2 = [pages[0], pages[1], pages[2] + [6]]
     block(bx2, y, [[6], [10], [4]], pages2, 2)
     s.lines(
@@ -199,18 +271,15 @@ def fig_out_loc() -> str:
         16,
         y,
         [
-            "input_ids, positions and out_loc have one entry per token of the batch, requests side by side.",
-            "Each layer writes its new k and v rows to the slots in out_loc, then reads every key of a request",
-            "back through page_table[table_idx, :device_len]: in decode step 1, request 0 reads slots 0 to 5.",
+            "input_ids, positions and out_loc have one entry per token of the batch, requests "
+            "side by side.",
+            "Each layer writes its new k and v rows to the slots in out_loc, then reads every key "
+            "of a request",
+            "back through page_table[table_idx, :device_len]: in decode step 1, request 0 reads "
+            "slots 0 to 5.",
         ],
         size=13,
         muted=True,
         gap=1.45,
     )
     return s.render()
-
-
-FIGURES = {
-    "ch04-page-table": fig_page_table,
-    "ch04-out-loc": fig_out_loc,
-}

@@ -2,15 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# `python tools/figures.py` puts tools/ (not the repository root) on the path
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from tools.figures import CYAN, GREEN, ORANGE, Svg  # noqa: E402
+from tools.figures.svg import CYAN, GREEN, ORANGE, Svg
 
 
 def fig_req_lengths() -> str:
@@ -49,6 +41,12 @@ def fig_req_lengths() -> str:
     for i in range(max_len):
         s.text(x0 + i * cw + (cw - 6) / 2, top - 30, str(i), size=12.5, anchor="middle", muted=True)
 
+    def bracket(by: float, a: int, b: int, text: str, color: str | None) -> None:
+        xa, xb = x0 + a * cw, x0 + b * cw - 6
+        s.path(f"M{xa},{by - 4} V{by} H{xb} V{by - 4}", color=color, width=1.4, arrow_end=False)
+        s.text((xa + xb) / 2, by + 16, text, size=12.5, anchor="middle", color=color,
+               muted=color is None)  # fmt: skip
+
     for r, (title, how, cached, device) in enumerate(rows):
         y = top + r * pitch  # top of the marker labels
         sy = y + 22  # top of the slots
@@ -77,22 +75,17 @@ def fig_req_lengths() -> str:
         ]:
             bx = x0 + value * cw - 3
             s.line(bx, y + 4, bx, sy + sh + 6, color=None, width=2)
-            s.text(bx + dx, y + 10, f"{name}={value}", size=12.5, anchor=anchor, mono=True, bold=True)
+            s.text(
+                bx + dx, y + 10, f"{name}={value}", size=12.5, anchor=anchor, mono=True, bold=True
+            )
         mx = x0 + max_len * cw - 3
         s.line(mx, y + 4, mx, sy + sh + 6, color=None, width=2, dashed=True)
         s.text(mx + 6, y + 10, f"max_device_len={max_len}", size=12.5, mono=True, muted=True)
         # brackets under the slots: the part the next pass computes, and the room left
         by = sy + sh + 12
-
-        def bracket(a: int, b: int, text: str, color: str | None) -> None:
-            xa, xb = x0 + a * cw, x0 + b * cw - 6
-            s.path(f"M{xa},{by - 4} V{by} H{xb} V{by - 4}", color=color, width=1.4, arrow_end=False)
-            s.text((xa + xb) / 2, by + 16, text, size=12.5, anchor="middle", color=color,
-                   muted=color is None)  # fmt: skip
-
-        bracket(cached, device, "extend", ORANGE if r == 0 else GREEN)
+        bracket(by, cached, device, "extend", ORANGE if r == 0 else GREEN)
         if device < max_len:
-            bracket(device, max_len, "remain", None)
+            bracket(by, device, max_len, "remain", None)
 
     # legend
     ly = top + len(rows) * pitch - 10
@@ -116,6 +109,3 @@ def fig_req_lengths() -> str:
         muted=True,
     )
     return s.render()
-
-
-FIGURES = {"ch01-req-lengths": fig_req_lengths}

@@ -8,13 +8,7 @@ ch03-decoder       the one generic decoder: which attribute holds what (the attr
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as `python tools/figures.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from tools.figures import CYAN, GREEN, GREY, ORANGE, PURPLE, TEAL, Svg
+from tools.figures.svg import CYAN, GREEN, GREY, ORANGE, PURPLE, TEAL, Svg
 
 # SmolLM2-135M: hidden 576, 9 query heads and 3 KV heads of 64 dims, MLP 1536, 30 layers.
 # Checkpoint order is safetensors' (alphabetical) order, as the loader reads it.
@@ -104,7 +98,8 @@ def fig_weight_names() -> str:
         jx = 430
         for i in sources:
             s.path(
-                f"M{lx + lw + 2},{mid(i)} C{jx - 40},{mid(i)} {jx - 40},{mid(target)} {jx},{mid(target)}",
+                f"M{lx + lw + 2},{mid(i)} "
+                f"C{jx - 40},{mid(i)} {jx - 40},{mid(target)} {jx},{mid(target)}",
                 color=color,
                 width=1.6,
                 arrow_end=False,
@@ -121,9 +116,22 @@ def fig_weight_names() -> str:
     qy = ys[-1] + bh + 26
     s.text(lx, qy + 15.5, "qkv_proj.weight rows", size=13, bold=True)
     unit = bar / 960
-    for label, rows, start in (("q  0–575", 576, 0), ("k  576–767", 192, 576), ("v  768–959", 192, 768)):
+    for label, rows, start in (
+        ("q  0–575", 576, 0),
+        ("k  576–767", 192, 576),
+        ("v  768–959", 192, 768),
+    ):
         x = bx + start * unit
-        s.box(x, qy, rows * unit - 2, 22, PURPLE, rx=4, fill_opacity=0.12 + 0.1 * (start > 0), stroke_width=1)
+        s.box(
+            x,
+            qy,
+            rows * unit - 2,
+            22,
+            PURPLE,
+            rx=4,
+            fill_opacity=0.12 + 0.1 * (start > 0),
+            stroke_width=1,
+        )
         s.text(x + rows * unit / 2 - 1, qy + 15.5, label, size=12, anchor="middle", mono=True)
     s.text(bx + bar + 10, qy + 15.5, "(9 + 3 + 3) heads × 64", size=12.5, muted=True)
     gy = qy + 34
@@ -131,7 +139,16 @@ def fig_weight_names() -> str:
     unit2 = bar / 3072
     for label, start in (("gate  0–1535", 0), ("up  1536–3071", 1536)):
         x = bx + start * unit2
-        s.box(x, gy, 1536 * unit2 - 2, 22, TEAL, rx=4, fill_opacity=0.12 + 0.1 * (start > 0), stroke_width=1)
+        s.box(
+            x,
+            gy,
+            1536 * unit2 - 2,
+            22,
+            TEAL,
+            rx=4,
+            fill_opacity=0.12 + 0.1 * (start > 0),
+            stroke_width=1,
+        )
         s.text(x + 1536 * unit2 / 2 - 1, gy + 15.5, label, size=12, anchor="middle", mono=True)
     s.text(bx + bar + 10, gy + 15.5, "2 × 1536", size=12.5, muted=True)
     s.text(
@@ -170,7 +187,9 @@ def fig_decoder() -> str:
         "has_qk_norm adds q_norm and k_norm (Qwen3).",
     )
 
-    def part(x: float, y: float, w: float, h: float, attr: str, cls: str, color: str | None) -> None:
+    def part(
+        x: float, y: float, w: float, h: float, attr: str, cls: str, color: str | None
+    ) -> None:
         s.box(x, y, w, h, color, rx=8, fill_opacity=0.14, stroke_width=1.3, solid_bg=True)
         s.text(x + 10, y + 19, attr, size=13, mono=True, bold=True)
         if cls:
@@ -180,7 +199,14 @@ def fig_decoder() -> str:
     ox, oy, ow, oh = 14, 14, 500, 546
     s.box(ox, oy, ow, oh, None, rx=12, stroke_width=1.2)
     s.text(ox + 12, oy + 22, "DecoderForCausalLM", size=15, bold=True)
-    s.text(ox + ow - 12, oy + 22, "forward(): ids from the batch → logits", size=12.5, anchor="end", muted=True)
+    s.text(
+        ox + ow - 12,
+        oy + 22,
+        "forward(): ids from the batch → logits",
+        size=12.5,
+        anchor="end",
+        muted=True,
+    )
     # model
     mx, my, mw, mh = ox + 14, oy + 36, ow - 28, 452
     part(mx, my, mw, mh, "model", "DecoderModel", None)
@@ -188,7 +214,17 @@ def fig_decoder() -> str:
     # layers
     lx, ly, lw, lh = mx + 12, my + 68, mw - 24, 334
     for off in (10, 5):
-        s.box(lx + off, ly + off, lw - 10, lh - 10, GREY, rx=8, fill_opacity=0.06, stroke_width=1, solid_bg=True)
+        s.box(
+            lx + off,
+            ly + off,
+            lw - 10,
+            lh - 10,
+            GREY,
+            rx=8,
+            fill_opacity=0.06,
+            stroke_width=1,
+            solid_bg=True,
+        )
     part(lx, ly, lw - 10, lh - 10, "layers.0", "DecoderLayer  (× num_layers)", GREY)
     ix, iw = lx + 12, lw - 34
     part(ix, ly + 30, iw, 28, "input_layernorm", "RMSNormFused: + residual", CYAN)
@@ -206,7 +242,15 @@ def fig_decoder() -> str:
     part(ix, my2, iw, 56, "mlp", "GatedMLP", TEAL)
     s.text(ix + 22, my2 + 42, "gate_up_proj → silu_and_mul → down_proj", size=12.5, mono=True)
     part(mx + 12, my + mh - 42, mw - 24, 28, "norm", "RMSNormFused", CYAN)
-    part(ox + 14, oy + oh - 46, ow - 28, 30, "lm_head", "ParallelLMHead (tied → embed_tokens)", ORANGE)
+    part(
+        ox + 14,
+        oy + oh - 46,
+        ow - 28,
+        30,
+        "lm_head",
+        "ParallelLMHead (tied → embed_tokens)",
+        ORANGE,
+    )
 
     # the flags, on the right
     tx = 532
@@ -242,11 +286,11 @@ def fig_decoder() -> str:
     )
     s.text(tx, 444, "model.layers.0.self_attn.", size=12.5, mono=True)
     s.text(tx, 462, "    qkv_proj.weight", size=12.5, mono=True)
-    s.lines(tx, 494, ["the name load_weight yields, so", "load_state_dict just swaps it in."], size=13, muted=True)
+    s.lines(
+        tx,
+        494,
+        ["the name load_weight yields, so", "load_state_dict just swaps it in."],
+        size=13,
+        muted=True,
+    )
     return s.render()
-
-
-FIGURES = {
-    "ch03-weight-names": fig_weight_names,
-    "ch03-decoder": fig_decoder,
-}

@@ -8,19 +8,14 @@ ch09-split  a second request's match splits a node that a running request holds;
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as `python tools/figures.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from tools.figures import CYAN, GREEN, GREY, ORANGE, Svg, text_width
+from tools.figures.svg import CYAN, GREEN, GREY, ORANGE, Svg, text_width
 
 # The tree that examples/ch09_radix.py::show_reuse builds (it prints the first 12 lines; the rest
 # was read from the same run). Each node: (text shown, tokens, kind, children); kind "prefix" is
 # the shared system prompt, "prompt" a request's own part, "answer" its generated tokens.
 # Every question node also ends with the template's "<|im_end|>\n<|im_start|>assistant\n".
-TREE = (
+Node = tuple[str, int, str, list["Node"]]
+TREE: Node = (
     "system prompt + user tag", 39, "prefix", [
         ("Why is the sky blue?", 12, "prompt", [
             ("The answer to this …", 9, "answer", [])]),
@@ -69,15 +64,15 @@ def fig_tree() -> str:
     size = 12.5
     box_h, row_h, gap = 30, 46, 16
     top = 70
-    leaves: list = []
+    leaves: list[Node] = []
 
     def width(text: str, n: int) -> float:  # generous: fonts differ between renderers
         return 1.12 * text_width(text, size) + 1.12 * text_width(str(n), size, bold=True) + 26
 
     # place every node: x from its parent, y from the rows of its leaves
-    placed = []
+    placed: list[tuple[Node, float, float, float]] = []
 
-    def place(node, x: float) -> float:
+    def place(node: Node, x: float) -> float:
         text, n, kind, children = node
         w = width(text, n)
         if not children:
@@ -93,8 +88,16 @@ def fig_tree() -> str:
     root_y = place(TREE, root_x + 44)
     pos = {id(node): (x, y, w) for node, x, y, w in placed}
 
-    s.text(20, 26, "the cache after the main's 8 requests: 200 tokens in 19 nodes", size=15, bold=True)
-    s.text(20, 46, "each box: the tokens on its edge, decoded, and how many there are", size=12.5, muted=True)
+    s.text(
+        20, 26, "the cache after the main's 8 requests: 200 tokens in 19 nodes", size=15, bold=True
+    )
+    s.text(
+        20,
+        46,
+        "each box: the tokens on its edge, decoded, and how many there are",
+        size=12.5,
+        muted=True,
+    )
     # edges first, so boxes sit on top
     s.box(root_x - 16, root_y - 14, 40, 28, GREY, rx=14)
     s.text(root_x + 4, root_y + 4.5, "root", size=11.5, anchor="middle")
@@ -130,8 +133,11 @@ def fig_tree() -> str:
     # legend
     ly = total_y + 44
     for i, (label, color) in enumerate(
-        [("the shared system prompt", CYAN), ("a request's own prompt tokens", ORANGE),
-         ("its answer, cached when it finished", GREEN)]  # fmt: skip
+        [
+            ("the shared system prompt", CYAN),
+            ("a request's own prompt tokens", ORANGE),
+            ("its answer, cached when it finished", GREEN),
+        ]  # fmt: skip
     ):
         lx = 20 + i * 270
         s.box(lx, ly - 13, 16, 16, color, rx=3, fill_opacity=0.3, stroke_width=1.1)
@@ -159,10 +165,12 @@ def fig_split() -> str:
          ("1 2", "100-101", "1+1", "A B"), [("3 4", "102-103", 1, "A", None)],
          ["the head copies the node's ref 1;", "B's lock adds 1"], (0, 4)),
         ("3  B's prefill is done", ["insert 1 2 7 8 9: the cache", "had 2 tokens (cached_len 2)"],
-         ("1 2", "100-101", 2, "A B"), [("3 4", "102-103", 1, "A", None), ("7 8 9", "104-106", 1, "B", "new")],
+         ("1 2", "100-101", 2, "A B"),
+         [("3 4", "102-103", 1, "A", None), ("7 8 9", "104-106", 1, "B", "new")],
          ["a new leaf in B's own slots;", "B's lock moves down to it"], (0, 7)),
         ("4  A finishes", ["unlocking walks up from", "[3 4] through [1 2]"],
-         ("1 2", "100-101", 1, "B"), [("3 4", "102-103", 0, "", None), ("7 8 9", "104-106", 1, "B", None)],
+         ("1 2", "100-101", 1, "B"),
+         [("3 4", "102-103", 0, "", None), ("7 8 9", "104-106", 1, "B", None)],
          ["[3 4] may be evicted now;", "[1 2] may not: B uses it"], (2, 5)),
     ]  # fmt: skip
     pw = 228
@@ -181,26 +189,27 @@ def fig_split() -> str:
         s.box(cx - nw / 2, ny, nw, nh, ORANGE if i == 1 else CYAN, rx=8)
         node_text(s, cx, ny, key, slots, ref, who)
         cy = 246
-        xs = [cx] if len(children) == 1 else [cx - 56, cx + 56]
-        for (ckey, cslots, cref, cwho, mark), ccx in zip(children, xs):
+        xs = [cx - 56, cx + 56] if len(children) == 2 else [cx] * len(children)
+        for (ckey, cslots, cref, cwho, mark), ccx in zip(children, xs, strict=True):
             s.path(f"M{cx:.1f},{ny + nh} V{ny + nh + 14} H{ccx:.1f} V{cy}", color=None, width=1.2,
                    arrow_end=False)  # fmt: skip
             color = GREEN if mark == "new" else CYAN
             s.box(ccx - 52, cy, 104, nh, color, rx=8, dashed=cref == 0)
             node_text(s, ccx, cy, ckey, cslots, cref, cwho)
         s.lines(cx, 340, note, size=11.5, anchor="middle", gap=1.3)
-        s.text(cx, 392, f"protected {protected}, evictable {evictable}", size=12, anchor="middle", mono=True)
+        s.text(
+            cx,
+            392,
+            f"protected {protected}, evictable {evictable}",
+            size=12,
+            anchor="middle",
+            mono=True,
+        )
     return s.render()
 
 
-def node_text(s: Svg, cx: float, y: float, key: str, slots: str, ref, who: str) -> None:
+def node_text(s: Svg, cx: float, y: float, key: str, slots: str, ref: int | str, who: str) -> None:
     s.text(cx, y + 20, f"[{key}]", size=13, anchor="middle", mono=True, bold=True)
     s.text(cx, y + 38, f"slots {slots}", size=11.5, anchor="middle", muted=True)
     label = f"ref {ref}" + (f"  ({who})" if who else "")
     s.text(cx, y + 58, label, size=12, anchor="middle", mono=True)
-
-
-FIGURES = {
-    "ch09-tree": fig_tree,
-    "ch09-split": fig_split,
-}

@@ -7,13 +7,11 @@ ch11-one-request   one request through launches and processing: where the finish
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from tools.figures.svg import AMBER, GREEN, GREY, ORANGE, PURPLE, RED, Svg, num
 
-if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as `python tools/figures.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from tools.figures import AMBER, GREEN, GREY, ORANGE, PURPLE, RED, Svg, _num
+# A "finished?" test: its code, and per turn what it answers and whether that is right (None:
+# neither)
+Verdicts = tuple[str, dict[int, tuple[str, bool | None]]]
 
 
 def fig_overlap_loop() -> str:
@@ -35,7 +33,8 @@ def fig_overlap_loop() -> str:
     )
     clip = f"{s.name}-clip"
     s.defs.append(
-        f'<clipPath id="{clip}"><rect x="{lane_x}" y="0" width="{_num(lane_w)}" height="500"/></clipPath>'
+        f'<clipPath id="{clip}"><rect x="{lane_x}" y="0" width="{num(lane_w)}" '
+        f'height="500"/></clipPath>'
     )
 
     def block(t0: float, dt: float, y: float, label: str, color: str, size: float = 12.5) -> None:
@@ -64,7 +63,14 @@ def fig_overlap_loop() -> str:
 
     def lanes(y: float, title: str, sub: str, title_dy: float = 16) -> tuple[float, float]:
         s.text(8, y - title_dy, title, size=15, bold=True, mono=True)
-        s.text(8 + len(title) * 9.3 + 14, y - title_dy, sub, size=13, muted=True, mono=sub.isupper() or "=" in sub)
+        s.text(
+            8 + len(title) * 9.3 + 14,
+            y - title_dy,
+            sub,
+            size=13,
+            muted=True,
+            mono=sub.isupper() or "=" in sub,
+        )
         host_y, dev_y = y, y + 44
         s.text(lane_x - 10, host_y + 21, "host", size=13.5, anchor="end", bold=True)
         s.text(lane_x - 10, dev_y + 21, "device", size=13.5, anchor="end", bold=True)
@@ -115,7 +121,8 @@ def fig_overlap_loop() -> str:
     x2 = lane_x + (prep + launch + prep / 2) * unit
     xp = lane_x + (prep + launch + fwd + proc / 2) * unit
     s.path(
-        f"M{_num(x2)},{host_y - 3} C{_num(x2)},{host_y - 26} {_num(xp)},{host_y - 26} {_num(xp)},{host_y - 3}",
+        f"M{num(x2)},{host_y - 3} "
+        f"C{num(x2)},{host_y - 26} {num(xp)},{host_y - 26} {num(xp)},{host_y - 3}",
         color=RED,
         dashed=True,
         width=1.3,
@@ -133,15 +140,23 @@ def fig_overlap_loop() -> str:
     s.text(lane_x + 374, ly + 1, "launch: forward_batch queued on the engine's stream", size=12.5)
     ly += 24
     s.box(lane_x, ly - 12, 14, 16, AMBER, rx=3, fill_opacity=0.3, stroke_width=1.2)
-    s.text(lane_x + 20, ly + 1, "process: copy_done.synchronize(), append tokens, reply, free", size=12.5)
+    s.text(
+        lane_x + 20,
+        ly + 1,
+        "process: copy_done.synchronize(), append tokens, reply, free",
+        size=12.5,
+    )
     ly += 30
     s.lines(
         lane_x,
         ly,
         [
-            "In overlap_loop, process k waits only for forward k, and forward k+1 is already queued",
-            "behind it: the device never waits for the host, as long as a turn's host work is shorter",
-            "than a forward pass. On a CPU the two lanes are one: the order is the same, but nothing",
+            "In overlap_loop, process k waits only for forward k, and forward k+1 is already "
+            "queued",
+            "behind it: the device never waits for the host, as long as a turn's host work is "
+            "shorter",
+            "than a forward pass. On a CPU the two lanes are one: the order is the same, but "
+            "nothing",
             "overlaps.",
         ],
         size=12.5,
@@ -172,7 +187,14 @@ def fig_one_request() -> str:
     def header(y: float, title: str, bottom: float) -> None:
         s.text(8, y, title, size=15, bold=True)
         for k in range(turns):
-            s.text(x0 + k * cw + cw / 2, y + 24, f"turn {k + 1}", size=12.5, anchor="middle", muted=True)
+            s.text(
+                x0 + k * cw + cw / 2,
+                y + 24,
+                f"turn {k + 1}",
+                size=12.5,
+                anchor="middle",
+                muted=True,
+            )
         for k in range(turns + 1):
             s.line(x0 + k * cw, y + 32, x0 + k * cw, bottom, color=None, opacity=0.12, width=1)
 
@@ -195,7 +217,15 @@ def fig_one_request() -> str:
         if b:
             s.text(8, y + 16, b, size=11, muted=True, mono=True)
 
-    def panel(y: float, title: str, launched, processed, upstream, ours, note=None) -> None:
+    def panel(
+        y: float,
+        title: str,
+        launched: list[tuple[list[str], str | None]],
+        processed: dict[int, list[str]],
+        upstream: Verdicts,
+        ours: Verdicts,
+        note: tuple[int, int, str] | None = None,
+    ) -> None:
         ly, py, uy, oy = y + 40, y + 110, y + 196, y + (268 if note else 236)
         header(y, title, oy + 24)
         row_label(ly + 24, "launched", "_forward")
@@ -245,9 +275,3 @@ def fig_one_request() -> str:
         note=(2, 3, "R's slot is free while B3 still uses it"),
     )  # fmt: skip
     return s.render()
-
-
-FIGURES = {
-    "ch11-overlap-loop": fig_overlap_loop,
-    "ch11-one-request": fig_one_request,
-}

@@ -8,13 +8,9 @@ ch07-token-pool  one decode step of the main on the device: inputs read from the
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from collections.abc import Callable
 
-if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as `python tools/figures.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from tools.figures import CYAN, GREEN, GREY, ORANGE, PURPLE, RED, TEAL, Svg
+from tools.figures.svg import CYAN, GREEN, GREY, ORANGE, PURPLE, RED, TEAL, Svg
 
 
 def fig_loop() -> str:
@@ -24,7 +20,8 @@ def fig_loop() -> str:
         560,
         "One turn of the scheduler's loop",
         "Left: the five parts of Scheduler.normal_loop, run once per step. receive_msg hands over "
-        "the messages that arrived; _schedule_next_batch builds a prefill batch of waiting requests "
+        "the messages that arrived; _schedule_next_batch builds a prefill batch of waiting "
+        "requests "
         "if any can be admitted, else a decode batch of every running request; _prepare_batch "
         "allocates pages and builds positions, the input tuple, the write tuple, out_loc, the "
         "attention metadata and the sampling arguments; _forward reads the input ids from the "
@@ -89,7 +86,7 @@ def fig_loop() -> str:
     ys = [48 + ph + 12, 48 + 2 * (ph + 24) - 12, 48 + 3 * (ph + 24) - 12, 48 + 4 * (ph + 24) - 12]
     notes = ["_process_one_msg", "PrefillAdder.try_add_one", "filter_reqs (after its prefill)",
              "can_decode is False, or EOS"]  # fmt: skip
-    for yy, note in zip(ys, notes):
+    for yy, note in zip(ys, notes, strict=True):
         s.text(rx + rw / 2 + 12, yy + 4, note, size=12, muted=True, italic=True)
     return s.render()
 
@@ -144,7 +141,9 @@ def fig_timeline() -> str:
         for k, v in cells.items():
             cx = x0 + k * cw + 6
             color = ORANGE if v == "P" else GREEN
-            s.box(cx, top + 5, cw - 12, ch - 14, color, rx=6, fill_opacity=0.5 if v == "E" else 0.28)
+            s.box(
+                cx, top + 5, cw - 12, ch - 14, color, rx=6, fill_opacity=0.5 if v == "E" else 0.28
+            )
             label = {"P": "prefill", "D": "token", "E": "last ✓"}[v]
             s.text(cx + (cw - 12) / 2, top + ch / 2 + 2, label, size=12.5, anchor="middle")
         first, last = min(cells), max(cells)
@@ -183,7 +182,8 @@ def fig_token_pool() -> str:
         940,
         540,
         "One decode step on the device: token pool and page table",
-        "Step 1 of the main, a decode batch of r0 (request slot 15) and r1 (slot 14), with pages of "
+        "Step 1 of the main, a decode batch of r0 (request slot 15) and r1 (slot 14), with pages "
+        "of "
         "one token. The token pool row of a slot holds the request's token ids by position: r0's "
         "prompt at positions 0 to 4 and the token Paris, written at position 5 by step 0; r1's "
         "prompt at 0 to 2 and a space at 3. The input tuple (slots 15 and 14, positions 5 and 3) "
@@ -192,16 +192,20 @@ def fig_token_pool() -> str:
         "(positions 6 and 4) stores them in the token pool, where step 2 reads them.",
     )
     cols, cw, rh = 8, 62, 34
-    tx, px = 130, 130
+    tx = 130
     ty = 72
     s.text(20, 28, "decode step 1 of the main: r0 in request slot 15, r1 in slot 14", size=16,
            bold=True)  # fmt: skip
 
-    def grid(top: float, title: str, sub: str, cell) -> None:
+    def grid(
+        top: float, title: str, sub: str, cell: Callable[[int, int, float, float], None]
+    ) -> None:
         s.text(20, top - 22, title, size=14.5, bold=True, mono=True)
         s.text(20 + 8.8 * len(title) + 14, top - 22, sub, size=12.5, muted=True)
         for c in range(cols):
-            s.text(tx + c * cw + (cw - 4) / 2, top - 6, str(c), size=11.5, anchor="middle", muted=True)
+            s.text(
+                tx + c * cw + (cw - 4) / 2, top - 6, str(c), size=11.5, anchor="middle", muted=True
+            )
         s.text(tx - 12, top - 6, "position", size=11.5, anchor="end", muted=True)
         for i, slot in enumerate((14, 15)):
             y = top + i * (rh + 6)
@@ -227,8 +231,16 @@ def fig_token_pool() -> str:
     def table_cell(slot: int, c: int, x: float, y: float) -> None:
         _, kv_slots, read, _, _ = POOL[slot]
         if c < len(kv_slots):
-            s.box(x, y, cw - 4, rh, CYAN if c == read else GREY, rx=5,
-                  fill_opacity=0.4 if c == read else 0.14, stroke_width=2.2 if c == read else 1)  # fmt: skip
+            s.box(
+                x,
+                y,
+                cw - 4,
+                rh,
+                CYAN if c == read else GREY,
+                rx=5,
+                fill_opacity=0.4 if c == read else 0.14,
+                stroke_width=2.2 if c == read else 1,
+            )
             s.text(x + (cw - 4) / 2, y + rh / 2 + 5, str(kv_slots[c]), size=12.5, anchor="middle",
                    mono=True)  # fmt: skip
         else:
@@ -236,7 +248,12 @@ def fig_token_pool() -> str:
 
     grid(ty, "token_pool", "token ids, by request slot and position (TableManager)", pool_cell)
     py = ty + 150
-    grid(py, "page_table", "KV slots, the same shape (the engine's; CacheManager fills it)", table_cell)
+    grid(
+        py,
+        "page_table",
+        "KV slots, the same shape (the engine's; CacheManager fills it)",
+        table_cell,
+    )
 
     # right-hand side: the step
     bx = 680
@@ -264,15 +281,11 @@ def fig_token_pool() -> str:
     s.path(f"M650,{ey - 2} V{ty + rh + 3} H{tx + cols * cw + 2}", color=GREEN, dashed=True,
            width=1.6)  # fmt: skip
     s.lines(20, 490, [
-        "The sampled tokens go to the host too (for the replies), but the next step's inputs come from the",
-        "token pool: step 2 reads (15, 6) and (14, 4), on the device. A request that cannot decode any more",
-        "writes to position -1 instead: the row's last column, always written again before it is read.",
+        "The sampled tokens go to the host too (for the replies), but the next step's inputs come "
+        "from the",
+        "token pool: step 2 reads (15, 6) and (14, 4), on the device. A request that cannot "
+        "decode any more",
+        "writes to position -1 instead: the row's last column, always written again before it is "
+        "read.",
     ], size=12.5, muted=True, gap=1.4)  # fmt: skip
     return s.render()
-
-
-FIGURES = {
-    "ch07-loop": fig_loop,
-    "ch07-timeline": fig_timeline,
-    "ch07-token-pool": fig_token_pool,
-}

@@ -8,13 +8,7 @@ ch08-admission  admission in whole pages: the main's pool of 16 pages of 4, and 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as `python tools/figures.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from tools.figures import CYAN, GREEN, GREY, ORANGE, PURPLE, RED, Svg
+from tools.figures.svg import CYAN, GREEN, GREY, ORANGE, PURPLE, RED, Svg
 
 
 def fig_pages() -> str:
@@ -37,13 +31,28 @@ def fig_pages() -> str:
     rx, ry, rw, rh = 345, 270, 250, 110
     s.box(fx, fy, fw, fh, GREEN, rx=10)
     s.text(fx + fw / 2, fy + 32, "free list", size=16, bold=True, anchor="middle")
-    s.lines(fx + fw / 2, fy + 58, ["CacheManager.free_slots", "one entry per page:", "its first slot"],
-            size=12.5, muted=True, anchor="middle")  # fmt: skip
+    s.lines(
+        fx + fw / 2,
+        fy + 58,
+        ["CacheManager.free_slots", "one entry per page:", "its first slot"],
+        size=12.5,
+        muted=True,
+        anchor="middle",
+    )
     s.box(cx, cy, fw, fh, CYAN, rx=10)
     s.text(cx + fw / 2, cy + 32, "prefix cache", size=16, bold=True, anchor="middle")
-    s.lines(cx + fw / 2, cy + 58, ["size_info: evictable + protected", "protected: locked by a running",
-                                   "request; evictable: the rest"],
-            size=12.5, muted=True, anchor="middle")  # fmt: skip
+    s.lines(
+        cx + fw / 2,
+        cy + 58,
+        [
+            "size_info: evictable + protected",
+            "protected: locked by a running",
+            "request; evictable: the rest",
+        ],
+        size=12.5,
+        muted=True,
+        anchor="middle",
+    )
     s.box(rx, ry, rw, rh, ORANGE, rx=10)
     s.text(rx + rw / 2, ry + 32, "a running request", size=16, bold=True, anchor="middle")
     s.lines(rx + rw / 2, ry + 58, ["its row of the page table:", "the pages of its own tokens"],
@@ -74,8 +83,10 @@ def fig_pages() -> str:
     s.label_bg((fx + fw + cx) / 2, fy + 72, "when _allocate runs short", size=12, muted=True)
 
     s.lines(40, 420, [
-        "check_integrity, when no request runs: free pages + cached pages == all pages; no page is free",
-        "twice; every free slot starts a page. With the naive cache the prefix cache is always empty.",
+        "check_integrity, when no request runs: free pages + cached pages == all pages; no page "
+        "is free",
+        "twice; every free slot starts a page. With the naive cache the prefix cache is always "
+        "empty.",
     ], size=13, muted=True, gap=1.45)  # fmt: skip
     return s.render()
 
@@ -99,14 +110,25 @@ def fig_cache_req() -> str:
         "takes now (new handle, 12 tokens). Positions 12 and 13 fill only part of a page, which "
         "the cache does not take: freed if the request has finished, else kept by the request.",
     )
-    s.text(20, 28, "cache_req(req): the slots page_table[req.table_idx, 0 .. cached_len-1]", size=16,
-           bold=True)  # fmt: skip
+    s.text(
+        20,
+        28,
+        "cache_req(req): the slots page_table[req.table_idx, 0 .. cached_len-1]",
+        size=16,
+        bold=True,
+    )
     x0, y0, cw = 60, 90, 52
     ranges = [
         (0, OLD, CYAN, "from the cache", ["when it started:", "unlocked only"]),
         (OLD, MATCHED, RED, "duplicates", ["cached meanwhile", "by another request:", "freed"]),
         (MATCHED, NEW, GREEN, "inserted", ["the cache owns", "them now"]),
-        (NEW, END, ORANGE, "tail", ["part of a page the cache", "does not take: freed if", "finished, else kept"]),
+        (
+            NEW,
+            END,
+            ORANGE,
+            "tail",
+            ["part of a page the cache", "does not take: freed if", "finished, else kept"],
+        ),
     ]
     for c in range(16):
         x = x0 + c * cw
@@ -141,8 +163,14 @@ def fig_cache_req() -> str:
         s.box(x, by, w, 96, color, rx=8)
         s.text(x + 10, by + 22, f"[{a}, {b}) {title}", size=13, bold=True)
         s.lines(x + 10, by + 44, rows, size=12.5, muted=True, gap=1.35)
-    s.text(x0, by + 126, "With the naive cache both handles are empty and matched is 0: the whole row "
-           "is the last range, freed when the request finishes.", size=12.5, muted=True)  # fmt: skip
+    s.text(
+        x0,
+        by + 126,
+        "With the naive cache both handles are empty and matched is 0: the whole row "
+        "is the last range, freed when the request finishes.",
+        size=12.5,
+        muted=True,
+    )
     return s.render()
 
 
@@ -160,8 +188,13 @@ def fig_admission() -> str:
         "pages, one more than there are. Counted in whole pages, r0 and r1 take all 3 pages and "
         "r2 waits.",
     )
-    s.text(20, 28, "admission counts each request to its last possible token, in whole pages", size=16,
-           bold=True)  # fmt: skip
+    s.text(
+        20,
+        28,
+        "admission counts each request to its last possible token, in whole pages",
+        size=16,
+        bold=True,
+    )
     # --- the main: 16 pages of 4 -------------------------------------------------------------
     x0, y0, pw = 150, 74, 38
     s.text(20, y0 - 16, "the main: 16 pages of 4 slots (64); every request: prompt + max_tokens 12",
@@ -169,7 +202,7 @@ def fig_admission() -> str:
     needs = [("r0", 17, 5), ("r1", 15, 4), ("r2", 19, 5)]
     colors = [ORANGE, PURPLE, GREEN]
     page = 0
-    for (name, tokens, pages), color in zip(needs, colors):
+    for (name, tokens, pages), color in zip(needs, colors, strict=True):
         s.box(x0 + page * pw + 2, y0, pages * pw - 4, 34, color, rx=5, fill_opacity=0.3,
               stroke_width=1.2)  # fmt: skip
         for p in range(1, pages):  # page boundaries inside the request's share
@@ -189,13 +222,25 @@ def fig_admission() -> str:
         s.box(x + 2, ry, pw - 4, 34, RED, rx=5, fill_opacity=0.15, stroke_width=1.2, dashed=True)
     s.text(x0 + 18 * pw + 8, ry + 22, "r3: 15 -> 16", size=12, color=RED)
     s.line(x0 + 16 * pw, y0 - 6, x0 + 16 * pw, ry + 42, color=RED, width=2)
-    s.text(x0 + 14 * pw - 10, ry + 22, "does not fit: 56 + 16 = 72 > 64, so r3 waits (r4, r5 behind it)",
-           size=12.5, anchor="end", color=RED)  # fmt: skip
+    s.text(
+        x0 + 14 * pw - 10,
+        ry + 22,
+        "does not fit: 56 + 16 = 72 > 64, so r3 waits (r4, r5 behind it)",
+        size=12.5,
+        anchor="end",
+        color=RED,
+    )
 
     # --- the test: 3 pages of 16 -------------------------------------------------------------
     y1 = 250
-    s.text(20, y1 - 16, "the test, page_size=16: 3 pages of 16 slots (48); prompts of 3, 10, 1, 5 tokens, "
-           "max_tokens 10", size=13.5, bold=True)  # fmt: skip
+    s.text(
+        20,
+        y1 - 16,
+        "the test, page_size=16: 3 pages of 16 slots (48); prompts of 3, 10, 1, 5 tokens, "
+        "max_tokens 10",
+        size=13.5,
+        bold=True,
+    )
     sw = 10.0  # pixels per slot
     reqs = [("r0", 13, ORANGE), ("r1", 20, PURPLE), ("r2", 11, GREEN)]
     # counted in tokens (upstream)
@@ -235,15 +280,19 @@ def fig_admission() -> str:
           dashed=True)  # fmt: skip
     s.text(x0 + 56 * sw, y3 + 22, "r2: 11 -> 16", size=12, anchor="middle", color=RED)
     s.line(x0 + 48 * sw, y3 - 8, x0 + 48 * sw, y3 + 42, color=None, width=2)
-    s.text(x0, y3 + 62, "32 + 16 = 48 fits; 48 + 16 = 64 > 48: r2 waits for pages to come back, and r3 behind it.",
-           size=12.5, muted=True)  # fmt: skip
-    s.text(20, 505, "Each request may leave up to page_size - 1 slots of its last page empty; counting "
-           "whole pages leaves room for that.", size=12.5, muted=True)  # fmt: skip
+    s.text(
+        x0,
+        y3 + 62,
+        "32 + 16 = 48 fits; 48 + 16 = 64 > 48: r2 waits for pages to come back, and r3 behind it.",
+        size=12.5,
+        muted=True,
+    )
+    s.text(
+        20,
+        505,
+        "Each request may leave up to page_size - 1 slots of its last page empty; counting "
+        "whole pages leaves room for that.",
+        size=12.5,
+        muted=True,
+    )
     return s.render()
-
-
-FIGURES = {
-    "ch08-pages": fig_pages,
-    "ch08-cache-req": fig_cache_req,
-    "ch08-admission": fig_admission,
-}

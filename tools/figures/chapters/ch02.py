@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
+from itertools import pairwise
 
-# `python tools/figures.py` puts tools/ (not the repository root) on the path
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from tools.figures import CYAN, GREEN, GREY, ORANGE, PURPLE, Svg  # noqa: E402
+from tools.figures.svg import CYAN, GREEN, GREY, ORANGE, PURPLE, Svg
 
 
 def fig_residual_stream() -> str:
@@ -141,7 +135,7 @@ def fig_llama3_rope() -> str:
     # bands
     edges = [0, kept, kept + ramp, n]
     bands = [(GREEN, "kept"), (ORANGE, "blended"), (CYAN, f"divided by {factor:g}")]
-    for (a, b), (color, label) in zip(zip(edges, edges[1:]), bands):
+    for (a, b), (color, label) in zip(pairwise(edges), bands, strict=True):
         xa, xb = x0 + a * pw / n, x0 + b * pw / n
         s.box(xa, y0, xb - xa, ph, color, rx=0, fill_opacity=0.1, stroke_width=0)
         stagger = 18 if label == "kept" else 0  # the two narrow bands' labels would touch
@@ -169,7 +163,9 @@ def fig_llama3_rope() -> str:
         s.text(x0 + pw + 6, y + 4, label, size=12, mono=True, muted=True)
     # the two curves
     for values, color, r in [(plain, GREY, 3.2), (scaled, ORANGE, 3.2)]:
-        d = " ".join(f"{'M' if i == 0 else 'L'}{px(i):.1f},{py(w):.1f}" for i, w in enumerate(values))
+        d = " ".join(
+            f"{'M' if i == 0 else 'L'}{px(i):.1f},{py(w):.1f}" for i, w in enumerate(values)
+        )
         s.path(d, color=color, width=1.6, arrow_end=False)
         for i, w in enumerate(values):
             s.body.append(f'<circle cx="{px(i):.1f}" cy="{py(w):.1f}" r="{r}" fill="{color}"/>')
@@ -188,6 +184,3 @@ def fig_llama3_rope() -> str:
     ]
     s.lines(x0, ly + 32, notes, size=13, muted=True, gap=1.4)
     return s.render()
-
-
-FIGURES = {"ch02-residual": fig_residual_stream, "ch02-llama3-rope": fig_llama3_rope}

@@ -9,13 +9,7 @@ ch12-slow-joiner  rank 0 publishes, rank 1 subscribes: a plain PUB drops what it
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as `python tools/figures.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from tools.figures import (
+from tools.figures.svg import (
     AMBER,
     BLUE,
     FALLBACK_BG,
@@ -26,14 +20,14 @@ from tools.figures import (
     RED,
     TEAL,
     Svg,
-    _num,
+    num,
     text_width,
 )
 
 
 def _dot(s: Svg, x: float, y: float, binds: bool, r: float = 4.5) -> None:
     """A socket on a box's edge: filled where it binds (create=True), hollow where it connects."""
-    geo = f'cx="{_num(x)}" cy="{_num(y)}" r="{_num(r)}"'
+    geo = f'cx="{num(x)}" cy="{num(y)}" r="{num(r)}"'
     if binds:
         s.body.append(f'<circle {geo} class="fg" fill="{FALLBACK_FG}"/>')
     else:
@@ -119,7 +113,7 @@ def fig_sockets() -> str:
     s.text(rcx, ry + 80, "ZmqSubQueue", size=11.5, anchor="middle", mono=True)
 
     # ---- the queues: sender x, receiver x, y, message types, socket pair, batch class
-    def queue(x1: float, x2: float, y: float, names, pair: str, batch: str = "") -> None:
+    def queue(x1: float, x2: float, y: float, names: list[str], pair: str, batch: str = "") -> None:
         step = 5 if x2 > x1 else -5  # stop at the receiver's dot
         s.arrow(x1, y, x2 - step, y, width=1.7)
         m = (x1 + x2) / 2
@@ -264,10 +258,15 @@ def fig_slow_joiner() -> str:
         )
         # the subscription: ZMQ sends it by itself after connect() returned
         sx1, sy1, sx2, sy2 = t_conn + conn_w - 6, r1 - 13, t_arrive, r0 + 13
-        s.path(f"M{_num(sx1)},{sy1} L{_num(sx2)},{sy2}", color=None, dashed=True, width=1.4)
+        s.path(f"M{num(sx1)},{sy1} L{num(sx2)},{sy2}", color=None, dashed=True, width=1.4)
         f = 0.3
-        s.label_bg(sx1 + (sx2 - sx1) * f, sy1 + (sy2 - sy1) * f + 4,
-                   'subscription: b"\\x01"' if waits else "subscription", size=12, muted=True)  # fmt: skip
+        s.label_bg(
+            sx1 + (sx2 - sx1) * f,
+            sy1 + (sy2 - sy1) * f + 4,
+            'subscription: b"\\x01"' if waits else "subscription",
+            size=12,
+            muted=True,
+        )
         event(t_put1, r0, put_w, "put(m1)")
         if waits:
             # put() -> wait_for_subscribers() blocks until the subscription event is read
@@ -307,9 +306,3 @@ def fig_slow_joiner() -> str:
     s.text(8, axis_y + 46, "Dashed: the subscription, which the SUB socket sends by itself once "
            "it is connected. Solid: a message sent with put().", size=12.5, muted=True)  # fmt: skip
     return s.render()
-
-
-FIGURES = {
-    "ch12-sockets": fig_sockets,
-    "ch12-slow-joiner": fig_slow_joiner,
-}

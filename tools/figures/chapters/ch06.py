@@ -7,13 +7,8 @@ ch06-top-k-top-p the sampler's filters on one sorted distribution
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
-if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as `python tools/figures.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from tools.figures import CYAN, GREEN, GREY, ORANGE, PURPLE, RED, TEAL, Svg
+from tools.figures.svg import CYAN, GREEN, GREY, ORANGE, PURPLE, RED, TEAL, Svg
 
 
 def fig_engine() -> str:
@@ -57,13 +52,22 @@ def fig_engine() -> str:
     x0 = 480
     s.text(x0, 28, "forward_batch(batch, args)", size=16, bold=True, mono=True)
     s.box(x0, 44, 440, 56, None, rx=8, dashed=True, stroke_width=1.2)
-    s.lines(x0 + 14, 66, ["from the caller: a Batch whose attn_metadata is ready,", "args = sampler.prepare(batch)"],
-            size=12.5, muted=True)  # fmt: skip
+    s.lines(
+        x0 + 14,
+        66,
+        ["from the caller: a Batch whose attn_metadata is ready,", "args = sampler.prepare(batch)"],
+        size=12.5,
+        muted=True,
+    )
     steps = [
-        ("with ctx.forward_batch(batch):", "    logits = model.forward()", "[bs, vocab]: last token of each request", PURPLE),
-        ("for req in batch.reqs:", "    req.complete_one()", "cached_len = device_len; device_len += 1", TEAL),
-        ("sampler.sample(logits[:bs], args)", "    .to(torch.int32)", "next_tokens_gpu [bs]", GREEN),
-        ("next_tokens_gpu.to(\"cpu\", non_blocking)", "copy_done_event.record(stream)", "next_tokens_cpu: valid after the event", CYAN),
+        ("with ctx.forward_batch(batch):", "    logits = model.forward()",
+         "[bs, vocab]: last token of each request", PURPLE),
+        ("for req in batch.reqs:", "    req.complete_one()",
+         "cached_len = device_len; device_len += 1", TEAL),
+        ("sampler.sample(logits[:bs], args)", "    .to(torch.int32)",
+         "next_tokens_gpu [bs]", GREEN),
+        ("next_tokens_gpu.to(\"cpu\", non_blocking)", "copy_done_event.record(stream)",
+         "next_tokens_cpu: valid after the event", CYAN),
     ]  # fmt: skip
     y = 118
     for a, b, note, color in steps:
@@ -92,13 +96,20 @@ def fig_engine() -> str:
         width=1.3,
     )
     s.path(
-        f"M422,{44 + 7 * 54 + 23} C455,{44 + 7 * 54 + 23} 450,{118 + 2 * 96 + 39} {x0 - 2},{118 + 2 * 96 + 39}",
+        f"M422,{44 + 7 * 54 + 23} C455,{44 + 7 * 54 + 23} 450,{118 + 2 * 96 + 39} "
+        f"{x0 - 2},{118 + 2 * 96 + 39}",
         color=GREEN,
         dashed=True,
         width=1.3,
     )
-    s.text(20, 570, "The pool, the page table and the backend are reached through the Context during model.forward().",
-           size=12.5, muted=True)  # fmt: skip
+    s.text(
+        20,
+        570,
+        "The pool, the page table and the backend are reached through the Context during "
+        "model.forward().",
+        size=12.5,
+        muted=True,
+    )
     return s.render()
 
 
@@ -107,16 +118,17 @@ LOGITS = [2.0, 1.6, 1.3, 1.0, 0.6, 0.3, 0.0, -0.4, -0.8, -1.2]
 TOP_K, TOP_P = 5, 0.8
 
 
-def _filters():
+def _filters() -> tuple[list[float], list[float], list[float], list[float]]:
     e = [math.exp(x) for x in LOGITS]
     probs = [x / sum(e) for x in e]
     kept = [p if i < TOP_K else 0.0 for i, p in enumerate(probs)]
     renorm = [p / sum(kept) for p in kept]
-    before, acc = [], 0.0
+    before: list[float] = []
+    acc = 0.0
     for p in renorm:
         before.append(acc)
         acc += p
-    nucleus = [p if b < TOP_P else 0.0 for p, b in zip(renorm, before)]
+    nucleus = [p if b < TOP_P else 0.0 for p, b in zip(renorm, before, strict=True)]
     return probs, renorm, before, nucleus
 
 
@@ -181,9 +193,3 @@ def fig_top_k_top_p() -> str:
         muted=True,
     )
     return s.render()
-
-
-FIGURES = {
-    "ch06-engine": fig_engine,
-    "ch06-top-k-top-p": fig_top_k_top_p,
-}

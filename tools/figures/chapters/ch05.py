@@ -7,13 +7,7 @@ ch05-backend-flow  prepare_metadata once per batch, then every layer's forward r
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as `python tools/figures.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from tools.figures import BLUE, CYAN, GREY, ORANGE, PURPLE, TEAL, Svg
+from tools.figures.svg import BLUE, CYAN, GREY, ORANGE, PURPLE, TEAL, Svg
 
 # The batch of examples/ch05_attention.py::show_ragged_batch (its printed output shows the same
 # numbers): per request, new tokens, cached prefix and its row of the page table.
@@ -90,7 +84,7 @@ def fig_ragged_batch() -> str:
     qc = 40
     qx0 = 110
     off = 0
-    for r, (name, n, _, _, color) in enumerate(REQS):
+    for r, (_, n, _, _, color) in enumerate(REQS):
         y = qy + 26 + r * (qc + 4)
         s.text(qx0 - 12, y + 25, f"r{r}", size=13.5, anchor="end", bold=True, color=color)
         for i in range(max_q):
@@ -118,7 +112,7 @@ def fig_ragged_batch() -> str:
         gap=1.3,
     )
     kc = 40
-    for r, (name, n, cached, slots, color) in enumerate(REQS):
+    for r, (_, n, cached, slots, color) in enumerate(REQS):
         y = qy + 26 + r * (kc + 4)
         for j in range(max_k):
             x = kx0 + 20 + j * (kc + 4)
@@ -143,8 +137,14 @@ def fig_ragged_batch() -> str:
 
     # --- the masks ----------------------------------------------------------------------------
     my = 424
-    s.text(20, my - 4, f"mask [{len(REQS)}, 1, {max_q}, {max_k}]: query i of a request sees keys 0 .. cached_len + i",
-           size=15, bold=True)  # fmt: skip
+    s.text(
+        20,
+        my - 4,
+        f"mask [{len(REQS)}, 1, {max_q}, {max_k}]: query i of a request sees keys 0 .. cached_len "
+        "+ i",
+        size=15,
+        bold=True,
+    )
     mc = 19
     for r, (name, n, cached, _, color) in enumerate(REQS):
         bx = 70 + r * 300
@@ -305,9 +305,3 @@ def fig_backend_flow() -> str:
     s.text(795, oy + 27, "logits [bs, vocab]", size=14, anchor="middle", mono=True)
     s.arrow(110, fy + 252, 110, oy - 2, color=None, width=1.4)
     return s.render()
-
-
-FIGURES = {
-    "ch05-ragged-batch": fig_ragged_batch,
-    "ch05-backend-flow": fig_backend_flow,
-}

@@ -1,0 +1,80 @@
+"""tools/figures: every figure is a well-formed SVG document, and the package loads plainly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from xml.etree import ElementTree
+
+from tools import figures
+from tools.figures.__main__ import main
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "tools" / "figures"
+SVG_NS = "{http://www.w3.org/2000/svg}"
+
+# Imports the package twice in a fresh interpreter and prints how often each file was executed.
+PROBE = """
+import collections, importlib.machinery, json
+runs = collections.Counter()
+exec_module = importlib.machinery.SourceFileLoader.exec_module
+def counted(loader, module):
+    runs[loader.path] += 1
+    exec_module(loader, module)
+importlib.machinery.SourceFileLoader.exec_module = counted
+import tools.figures
+import tools.figures
+print(json.dumps(runs))
+"""
+
+
+def test_every_figure_is_a_well_formed_svg(tmp_path: Path) -> None:
+    paths = figures.generate(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}.svg" for n in figures.FIGURES)
+    ids: Counter[str] = Counter()
+    for path in paths:
+        root = ElementTree.parse(path).getroot()
+        assert root.tag == f"{SVG_NS}svg", path.name
+        # the figure's own name, so the ids it derives from it are its own
+        assert f"book-svg-{path.stem}" in root.get("class", "").split(), path.name
+        assert root.find(f"{SVG_NS}title") is not None, path.name
+        ids.update(el.get("id") for el in root.iter() if el.get("id"))
+    # a page inlines several figures: no id may appear twice among them all
+    assert [i for i, n in ids.items() if n > 1] == []
+
+
+def test_registry_lists_every_figure_function_once() -> None:
+    functions = list(figures.FIGURES.values())
+    assert len(set(functions)) == len(functions)
+    assert all(name == name.lower() and " " not in name for name in figures.FIGURES)
+    defined = {
+        fn
+        for name, module in sys.modules.items()
+        if name.startswith("tools.figures.")
+        for attr, fn in vars(module).items()
+        if attr.startswith("fig_") and callable(fn)
+    }
+    # a name listed twice in the dict would leave one function out
+    assert defined == set(functions)
+
+
+def test_the_command_line_writes_the_figures_it_names(tmp_path: Path) -> None:
+    assert main(["--out", str(tmp_path), "overlap", "ch01-req-lengths"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ch01-req-lengths.svg", "overlap.svg"]
+
+
+def test_importing_twice_runs_each_module_once() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    runs = {
+        Path(path).resolve(): n
+        for path, n in json.loads(out).items()
+        if Path(path).resolve().is_relative_to(PACKAGE)
+    }
+    expected = {p.resolve() for p in PACKAGE.rglob("*.py") if p.name != "__main__.py"}
+    assert set(runs) == expected
+    assert set(runs.values()) == {1}

@@ -1,0 +1,1 @@
+"""The figures of the chapters' pages, one module per chapter (chNN.py)."""
