@@ -1,4 +1,4 @@
-"""tools/upstream.py against a small fixture upstream repository and a fixture book root.
+"""tools/upstream/ against a small fixture upstream repository and a fixture book root.
 
 The fixture upstream has two commits: the first is the one the tests pin to, the second changes
 utils.py. Our side differs from it on purpose: a missing method, an extra function and method, a
@@ -18,7 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from tools import upstream as up
+from tools.upstream.api_compare import (
+    STATUSES,
+    ModuleApi,
+    api_report,
+    compare_api,
+    count_statuses,
+    format_api,
+)
+from tools.upstream.api_normalize import normalize_annotation
+from tools.upstream.api_read import module_api
+from tools.upstream.cli import main
+from tools.upstream.diff import diff_report
+from tools.upstream.git import clone_dir_for, is_url
+from tools.upstream.sides import open_upstream, ours_from_chapter, ours_from_package
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -213,7 +226,7 @@ def _no_user_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    rc = up.main(list(argv))
+    rc = main(list(argv))
     captured = capsys.readouterr()
     return rc, captured.out, captured.err
 
@@ -230,7 +243,7 @@ def base_args(fx: Fixture, command: str, commit: str | None = None) -> list[str]
     ]
 
 
-def statuses(modules: list[up.ModuleApi], module: str) -> list[tuple[str, str]]:
+def statuses(modules: list[ModuleApi], module: str) -> list[tuple[str, str]]:
     [found] = [m for m in modules if m.module == module]
     return [(r.name, r.status) for r in found.rows]
 
@@ -239,18 +252,18 @@ def statuses(modules: list[up.ModuleApi], module: str) -> list[tuple[str, str]]:
 
 
 def test_open_upstream_reads_the_pinned_commit(fx: Fixture) -> None:
-    u = up.open_upstream(str(fx.upstream), fx.first)
+    u = open_upstream(str(fx.upstream), fx.first)
     assert u.commit == fx.first
     assert u.files == ["__init__.py", "core.py", "kernel/store.cu", "server.py", "utils.py"]
     assert u.read("utils.py").decode() == UTILS_V1
-    assert up.open_upstream(str(fx.upstream), fx.second).read("utils.py").decode() == UTILS_V2
-    assert up.open_upstream(str(fx.upstream), fx.first[:10]).commit == fx.first  # a prefix works
+    assert open_upstream(str(fx.upstream), fx.second).read("utils.py").decode() == UTILS_V2
+    assert open_upstream(str(fx.upstream), fx.first[:10]).commit == fx.first  # a prefix works
 
 
 def test_bare_git_dir_works(fx: Fixture, tmp_path: Path) -> None:
     bare = tmp_path / "bare.git"
     git(tmp_path, "clone", "-q", "--bare", str(fx.upstream), str(bare))
-    u = up.open_upstream(str(bare), fx.first)
+    u = open_upstream(str(bare), fx.first)
     assert u.git_dir == bare.resolve()
     assert u.read("core.py").decode() == UPSTREAM_CORE
 
@@ -259,18 +272,18 @@ def test_clone_from_url_into_the_cache_then_fetch(fx: Fixture, tmp_path: Path) -
     source = tmp_path / "source"
     git(tmp_path, "clone", "-q", str(fx.upstream), str(source))
     url, cache = source.as_uri(), tmp_path / "cache"
-    assert up.is_url(url) and not up.is_url(str(source))
+    assert is_url(url) and not is_url(str(source))
 
-    u = up.open_upstream(url, fx.first, cache)
-    assert u.git_dir == up.clone_dir_for(url, cache) and u.git_dir.parent == cache
+    u = open_upstream(url, fx.first, cache)
+    assert u.git_dir == clone_dir_for(url, cache) and u.git_dir.parent == cache
     assert u.read("utils.py").decode() == UTILS_V1
 
     write(source, {"python/minisgl/utils.py": "# third\n"})
     third = commit_all(source, "third")  # not in the cache yet: open_upstream must fetch it
-    assert up.open_upstream(url, third, cache).read("utils.py") == b"# third\n"
+    assert open_upstream(url, third, cache).read("utils.py") == b"# third\n"
 
     shutil.rmtree(source)  # offline again: the cached clone still serves known commits
-    assert up.open_upstream(url, fx.second, cache).read("utils.py").decode() == UTILS_V2
+    assert open_upstream(url, fx.second, cache).read("utils.py").decode() == UTILS_V2
     assert [p.name for p in cache.iterdir()] == [u.git_dir.name]  # no leftover staging folder
 
 
@@ -340,12 +353,12 @@ def test_diff_all_files_lists_each_side(fx: Fixture, capsys: pytest.CaptureFixtu
 
 
 def test_file_names_in_every_spelling(fx: Fixture) -> None:
-    ours = up.ours_from_package(fx.ours)
-    u = up.open_upstream(str(fx.upstream), fx.first)
+    ours = ours_from_package(fx.ours)
+    u = open_upstream(str(fx.upstream), fx.first)
     for name in ("core.py", "minisgl/core.py", "python/minisgl/core.py", "./minisgl/core.py"):
-        assert [d.path for d in up.diff_report(ours, u, [name])] == ["core.py"]
-    assert [d.path for d in up.diff_report(ours, u, ["kernel/"])] == ["kernel/store.cu"]
-    assert [d.status for d in up.diff_report(ours, u, ["extra.py", "server.py"])] == [
+        assert [d.path for d in diff_report(ours, u, [name])] == ["core.py"]
+    assert [d.path for d in diff_report(ours, u, ["kernel/"])] == ["kernel/store.cu"]
+    assert [d.status for d in diff_report(ours, u, ["extra.py", "server.py"])] == [
         "only ours",
         "only upstream",
     ]
@@ -365,9 +378,9 @@ def test_commit_pin_picks_the_version(fx: Fixture, capsys: pytest.CaptureFixture
 
 
 def test_api_statuses(fx: Fixture) -> None:
-    ours = up.ours_from_package(fx.ours)
-    u = up.open_upstream(str(fx.upstream), fx.first)
-    modules = up.api_report(ours, u)
+    ours = ours_from_package(fx.ours)
+    u = open_upstream(str(fx.upstream), fx.first)
+    modules = api_report(ours, u)
     assert [(m.module, m.side) for m in modules] == [
         ("__init__.py", "both"),
         ("core.py", "both"),
@@ -379,18 +392,18 @@ def test_api_statuses(fx: Fixture) -> None:
     assert statuses(modules, "extra.py") == [("only_here", "extra")]
     assert statuses(modules, "server.py") == [("serve", "missing")]
     assert statuses(modules, "utils.py") == [("clamp", "match")]
-    assert up.count_statuses(modules) == {"match": 10, "missing": 2, "different": 1, "extra": 3}
+    assert count_statuses(modules) == {"match": 10, "missing": 2, "different": 1, "extra": 3}
 
 
 def test_api_levels(fx: Fixture) -> None:
-    ours = up.ours_from_package(fx.ours)
-    u = up.open_upstream(str(fx.upstream), fx.first)
-    strict = dict(statuses(up.api_report(ours, u, ["core.py"], "strict"), "core.py"))
+    ours = ours_from_package(fx.ours)
+    u = open_upstream(str(fx.upstream), fx.first)
+    strict = dict(statuses(api_report(ours, u, ["core.py"], "strict"), "core.py"))
     # token: int -> str differs; "int" = int, list[int] = List[int], X | None = Optional[X] do not
     assert {n for n, s in strict.items() if s == "different"} == {"Req.__init__", "Req.append"}
     assert strict["SamplingParams.top_k"] == strict["SamplingParams.stop"] == "match"
     assert strict["make_req"] == "match"
-    names = dict(statuses(up.api_report(ours, u, ["core.py"], "names"), "core.py"))
+    names = dict(statuses(api_report(ours, u, ["core.py"], "names"), "core.py"))
     assert "different" not in names.values()
     assert names["Req.finished"] == "missing" and names["Req.reset"] == "extra"
 
@@ -399,7 +412,7 @@ def test_api_table(fx: Fixture, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = cli(capsys, *base_args(fx, "api"), "core.py", "server.py")
     assert rc == 0
     lines = out.splitlines()
-    rows = [line for line in lines if line.startswith("  ") and line.split()[0] in up.STATUSES]
+    rows = [line for line in lines if line.startswith("  ") and line.split()[0] in STATUSES]
     assert [(r.split()[0], r.split()[2]) for r in rows] == [
         *((s, n) for n, s in CORE_ROWS),
         ("missing", "serve"),
@@ -510,7 +523,7 @@ def test_module_api_reads_every_kind_of_definition() -> None:
         def top(x, *, y) -> None: ...
         def _hidden(): ...
     """)
-    items = {i.name: i for i in up.module_api(source)}
+    items = {i.name: i for i in module_api(source)}
     assert list(items) == [
         "Hidden",
         "Hidden.run",
@@ -553,18 +566,18 @@ def test_module_api_reads_every_kind_of_definition() -> None:
 
 
 def test_default_level_ignores_annotations_and_qualifiers() -> None:
-    a = up.module_api("class A(torch.nn.Module):\n    def f(self, x: List[int] = None): ...\n")
-    b = up.module_api("class A(nn.Module):\n    def f(self, x: 'list[int]' = None) -> int: ...\n")
-    c = up.module_api("class A(nn.Module):\n    def f(self, y=None): ...\n")
-    assert [r.status for r in up.compare_api("m.py", b, a)] == ["match", "match"]
-    assert [r.status for r in up.compare_api("m.py", b, a, "strict")] == ["different", "different"]
-    assert [r.status for r in up.compare_api("m.py", c, a)] == ["match", "different"]
+    a = module_api("class A(torch.nn.Module):\n    def f(self, x: List[int] = None): ...\n")
+    b = module_api("class A(nn.Module):\n    def f(self, x: 'list[int]' = None) -> int: ...\n")
+    c = module_api("class A(nn.Module):\n    def f(self, y=None): ...\n")
+    assert [r.status for r in compare_api("m.py", b, a)] == ["match", "match"]
+    assert [r.status for r in compare_api("m.py", b, a, "strict")] == ["different", "different"]
+    assert [r.status for r in compare_api("m.py", c, a)] == ["match", "different"]
 
 
 def test_all_exports_are_rows() -> None:
-    theirs = up.module_api('from .a import A, B\n__all__ = ["A", "B"]\n')
-    mine = up.module_api('from .a import A\nfrom .c import C\n__all__ = ("A",)\n__all__ += ["C"]\n')
-    rows = up.compare_api("pkg/__init__.py", mine, theirs)
+    theirs = module_api('from .a import A, B\n__all__ = ["A", "B"]\n')
+    mine = module_api('from .a import A\nfrom .c import C\n__all__ = ("A",)\n__all__ += ["C"]\n')
+    rows = compare_api("pkg/__init__.py", mine, theirs)
     assert [(r.name, r.kind, r.status) for r in rows] == [
         ("__all__.A", "export", "match"),
         ("__all__.B", "export", "missing"),
@@ -573,13 +586,13 @@ def test_all_exports_are_rows() -> None:
 
 
 def test_a_changed_kind_shows_both_kinds() -> None:
-    theirs = up.module_api("class A:\n    @property\n    def size(self) -> int: ...\n")
-    mine = up.module_api("class A:\n    def size(self) -> int: ...\n")
-    rows = up.compare_api("m.py", mine, theirs, "names")
+    theirs = module_api("class A:\n    @property\n    def size(self) -> int: ...\n")
+    mine = module_api("class A:\n    def size(self) -> int: ...\n")
+    rows = compare_api("m.py", mine, theirs, "names")
     assert [r.status for r in rows] == ["match", "match"]
-    rows = up.compare_api("m.py", mine, theirs)
+    rows = compare_api("m.py", mine, theirs)
     assert [r.status for r in rows] == ["match", "different"]
-    text = up.format_api([up.ModuleApi("m.py", "both", rows)], "shape", hide_match=True)
+    text = format_api([ModuleApi("m.py", "both", rows)], "shape", hide_match=True)
     assert text.splitlines()[:3] == [
         "minisgl/m.py",
         "  different  property  A.size  ours:     method (self) -> int",
@@ -599,7 +612,7 @@ def test_a_changed_kind_shows_both_kinds() -> None:
     ],
 )
 def test_normalize_annotation(given: str, expected: str) -> None:
-    assert up.normalize_annotation(given) == expected
+    assert normalize_annotation(given) == expected
 
 
 def test_signature_rendering_round_trips() -> None:
@@ -609,7 +622,7 @@ def test_signature_rendering_round_trips() -> None:
         "()",
         "(*, x: int = 1) -> None",
     ]:
-        [item] = up.module_api(f"def f{sig}: ...")
+        [item] = module_api(f"def f{sig}: ...")
         assert item.text == sig.replace("x: int=1", "x: int = 1")
 
 
@@ -632,7 +645,7 @@ def test_chapter_tree(fx: Fixture, tmp_path: Path, capsys: pytest.CaptureFixture
             'creates = ["minisgl/extra.py", "minisgl/__init__.py"]\n',
         },
     )
-    ours = up.ours_from_chapter(root, 1)
+    ours = ours_from_chapter(root, 1)
     assert (ours.label, sorted(ours.files)) == ("chapter 01", ["core.py", "utils.py"])
     assert ours.files["core.py"] == root / "chapters/ch01/minisgl/core.py"
 
@@ -656,7 +669,7 @@ def test_chapter_tree(fx: Fixture, tmp_path: Path, capsys: pytest.CaptureFixture
     rc, out, _ = cli(capsys, *(a if a != "api" else "diff" for a in args[:-1]), "--stat")
     assert "only upstream: minisgl/__init__.py" in out.splitlines()
     assert "extra.py" not in out and "(ours: chapter 01;" in out
-    assert up.ours_from_chapter(root, 2).files["core.py"] == root / "minisgl/core.py"
+    assert ours_from_chapter(root, 2).files["core.py"] == root / "minisgl/core.py"
 
 
 def test_chapter_without_chapters_is_a_clear_error(
@@ -669,11 +682,14 @@ def test_chapter_without_chapters_is_a_clear_error(
 
 
 def test_script_runs_from_its_path(fx: Fixture) -> None:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "upstream.py"), *base_args(fx, "api"), "utils.py"],
+        [sys.executable, "-m", "tools.upstream", *base_args(fx, "api"), "utils.py"],
         capture_output=True,
         text=True,
         cwd=fx.ours,
+        env=env,
         check=False,
     )
     assert done.returncode == 0, done.stderr
