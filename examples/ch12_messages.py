@@ -41,9 +41,12 @@ from minisgl.message import (  # noqa: E402
     UserReply,
 )
 from minisgl.scheduler import Scheduler, SchedulerConfig  # noqa: E402
-from minisgl.utils import ZmqPubQueue, ZmqPullQueue, ZmqPushQueue, ZmqSubQueue  # noqa: E402
+from minisgl.utils import ZmqPubQueue, ZmqPullQueue, ZmqPushQueue, ZmqSubQueue, make_stoppable  # noqa: E402
 from tools.models import ensure_model  # noqa: E402
 from tools.parity import book_dtype, run_parity  # noqa: E402
+from tools.processes import finish, receive, stopped_on_exit  # noqa: E402
+
+REPLY_TIMEOUT_S = 120  # a scheduler that sends nothing for this long is stuck
 
 
 def show_the_wire() -> None:
@@ -101,7 +104,9 @@ class SocketScheduler(Scheduler):
 
 
 def serve(model_path: str, dtype: str, backend_addr: str, detokenizer_addr: str) -> None:
-    """The scheduler process: runs until an ExitMsg arrives."""
+    """The scheduler process: runs until an ExitMsg arrives (or a signal, or its parent's
+    death: make_stoppable)."""
+    make_stoppable()
     config = SchedulerConfig(model_path=model_path, tp_info=DistributedInfo(0, 1), dtype=getattr(torch, dtype),
                              offline_mode=True, max_running_req=8, num_page_override=2048)  # fmt: skip
     scheduler = SocketScheduler(config, backend_addr, detokenizer_addr)
@@ -124,28 +129,30 @@ def generate_over(folder: str, name: str, prompts: List[List[int]], n: int) -> L
     replies = ZmqPullQueue(detokenizer_addr, create=True, decoder=BaseTokenizerMsg.decoder)
     requests = ZmqPushQueue(backend_addr, create=False, encoder=BaseBackendMsg.encoder)
     dtype = str(book_dtype()).removeprefix("torch.")
-    worker = mp.get_context("spawn").Process(
+    scheduler = mp.get_context("spawn").Process(
         target=serve, args=(str(ensure_model(name)), dtype, backend_addr, detokenizer_addr)
     )
-    worker.start()
-    # sent before the scheduler has bound its socket: a PUSH socket keeps it until it has
-    requests.put(BatchBackendMsg([
-        UserMsg(uid, torch.tensor(p, dtype=torch.int32), SamplingParams(max_tokens=n))
-        for uid, p in enumerate(prompts)
-    ]))  # fmt: skip
+    scheduler.start()
     outputs: Dict[int, List[int]] = {uid: [] for uid in range(len(prompts))}
-    running = set(outputs)
-    while running:
-        reply = replies.get()
-        for msg in reply.data if isinstance(reply, BatchTokenizerMsg) else [reply]:
-            outputs[msg.uid].append(msg.next_token)
-            if msg.finished:
-                running.discard(msg.uid)
-    requests.put(ExitMsg())
-    worker.join(timeout=60)
-    requests.stop()
-    replies.stop()
-    assert worker.exitcode == 0, f"the scheduler process exited with {worker.exitcode}"
+    try:
+        with stopped_on_exit(scheduler):  # whatever happens here, the scheduler is gone after
+            # sent before the scheduler has bound its socket: a PUSH socket keeps it until it has
+            requests.put(BatchBackendMsg([
+                UserMsg(uid, torch.tensor(p, dtype=torch.int32), SamplingParams(max_tokens=n))
+                for uid, p in enumerate(prompts)
+            ]))  # fmt: skip
+            running = set(outputs)
+            while running:
+                reply = receive(replies, [scheduler], REPLY_TIMEOUT_S, "the scheduler's tokens")
+                for msg in reply.data if isinstance(reply, BatchTokenizerMsg) else [reply]:
+                    outputs[msg.uid].append(msg.next_token)
+                    if msg.finished:
+                        running.discard(msg.uid)
+            requests.put(ExitMsg())
+            finish([scheduler])  # it exits with code 0 within 30 s, or this raises
+    finally:
+        requests.stop()
+        replies.stop()
     return [outputs[uid] for uid in range(len(prompts))]
 
 
@@ -165,11 +172,14 @@ def broadcast(folder: str, num_subscribers: int) -> List[List[int]]:
     ranks = [threading.Thread(target=late_subscriber, args=(addr, 0.2, r)) for r in received]
     for rank in ranks:
         rank.start()
-    for uid in range(5):
-        publisher.put(AbortBackendMsg(uid))
-    for rank in ranks:
-        rank.join()
-    publisher.stop()
+    try:
+        publisher.wait_for_subscribers(timeout=30)  # put() would wait too, but without a bound
+        for uid in range(5):
+            publisher.put(AbortBackendMsg(uid))
+    finally:
+        for rank in ranks:
+            rank.join()
+        publisher.stop()
     return received
 
 

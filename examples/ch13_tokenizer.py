@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -35,6 +34,9 @@ from minisgl.tokenizer.detokenize import DetokenizeManager  # noqa: E402
 from minisgl.utils import ZmqPullQueue, ZmqPushQueue  # noqa: E402
 from tools.models import DEMO_MODEL, ensure_model  # noqa: E402
 from tools.parity import DEFAULT_TEXTS, book_dtype, load_example, load_tokenizer, run_parity  # noqa: E402
+from tools.processes import finish, receive, stopped_on_exit  # noqa: E402
+
+REPLY_TIMEOUT_S = 120  # a worker that sends nothing for this long is stuck
 
 STREAMED: Dict[str, List[bool]] = {}  # per model: did each request's text equal its tokens?
 
@@ -85,33 +87,34 @@ def generate_over(folder: str, name: str, prompts: List[List[int]], n: int) -> L
         frontend_addr=addr["frontend"], local_bs=8))  # fmt: skip
     scheduler.start()
     worker.start()
+    workers = [scheduler, worker]
 
     # the prompts of run_parity, as text: the last one as a chat
     texts: List[str | List[Dict[str, str]]] = [*DEFAULT_TEXTS[:-1], [{"role": "user", "content": DEFAULT_TEXTS[-1]}]]
     assert len(texts) == len(prompts)
-    for uid, text in enumerate(texts):
-        to_tokenizer.put(TokenizeMsg(uid, text, SamplingParams(max_tokens=n)))
     tokens: Dict[int, List[int]] = {uid: [] for uid in range(len(texts))}
     streamed: Dict[int, str] = {uid: "" for uid in range(len(texts))}
-    running, streaming = set(tokens), set(tokens)
-    while running:
-        reply = tap.get()
-        for msg in unwrap(reply):
-            tokens[msg.uid].append(msg.next_token)
-            running.discard(msg.uid) if msg.finished else None
-        to_tokenizer.put(reply)  # on to the detokenizer, as it came
-    while streaming:
-        for msg in unwrap(frontend.get()):
-            streamed[msg.uid] += msg.incremental_output
-            streaming.discard(msg.uid) if msg.finished else None
-
-    to_scheduler.put(ExitMsg())
-    os.kill(worker.pid, signal.SIGINT)
-    for process in (scheduler, worker):
-        process.join(timeout=60)
-        assert process.exitcode == 0, f"{process.name} exited with {process.exitcode}"
-    for queue in (frontend, tap, to_tokenizer, to_scheduler):
-        queue.stop()
+    try:
+        with stopped_on_exit(*workers):  # whatever happens here, both are gone after
+            for uid, text in enumerate(texts):
+                to_tokenizer.put(TokenizeMsg(uid, text, SamplingParams(max_tokens=n)))
+            running, streaming = set(tokens), set(tokens)
+            while running:
+                reply = receive(tap, workers, REPLY_TIMEOUT_S, "the scheduler's tokens")
+                for msg in unwrap(reply):
+                    tokens[msg.uid].append(msg.next_token)
+                    running.discard(msg.uid) if msg.finished else None
+                to_tokenizer.put(reply)  # on to the detokenizer, as it came
+            while streaming:
+                for msg in unwrap(receive(frontend, workers, REPLY_TIMEOUT_S, "the streamed text")):
+                    streamed[msg.uid] += msg.incremental_output
+                    streaming.discard(msg.uid) if msg.finished else None
+            to_scheduler.put(ExitMsg())
+            worker.terminate()  # SIGTERM: the worker leaves its loop (make_stoppable)
+            finish(workers)  # both exit with code 0 within 30 s, or this raises
+    finally:
+        for queue in (frontend, tap, to_tokenizer, to_scheduler):
+            queue.stop()
     tok = load_tokenizer(name)
     eos = tok.eos_token_id
     STREAMED[name] = [

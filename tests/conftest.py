@@ -3,10 +3,11 @@ and inside every chapter's tree built by tools/steps.py (against that chapter's 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 from pathlib import Path
-from typing import Callable, List
+from typing import Callable, Iterator, List
 
 import pytest
 
@@ -14,7 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tests.support import left_out  # noqa: E402
+from tests.support.watchdog import TEST_TIMEOUT_S, Watchdog, leftovers, stop_all_children  # noqa: E402
 from tools.models import ensure_model  # noqa: E402
+from tools.processes import describe  # noqa: E402
 
 IN_CHAPTER_TREE = "MINISGL_BOOK_CHAPTER" in os.environ
 # The tests are written for the CPU: they compare with transformers there. The mains follow
@@ -27,7 +31,7 @@ def _retired() -> dict:
     """At the repository root, tests that a chapter's manifest retires do not run."""
     if IN_CHAPTER_TREE or not (ROOT / "chapters" / "book.toml").exists():
         return {}
-    from tools.steps import Book
+    from tools.book import Book
 
     return Book(ROOT).retired_tests()
 
@@ -45,8 +49,15 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 @pytest.fixture(scope="session")
 def model_path() -> Callable[[str], Path]:
-    """model_path("tiny-qwen3") -> the folder of that reference model (built on first use)."""
-    return ensure_model
+    """model_path("tiny-qwen3") -> the folder of that reference model (built on first use);
+    the test is skipped if the book's settings leave that model out (MINISGL_BOOK_MODELS)."""
+
+    def find(name: str) -> Path:
+        if left_out(name):
+            pytest.skip(f"{name} is left out by MINISGL_BOOK_MODELS={os.environ.get('MINISGL_BOOK_MODELS')}")
+        return ensure_model(name)
+
+    return find
 
 
 def tiny_model_names() -> List[str]:
@@ -55,15 +66,46 @@ def tiny_model_names() -> List[str]:
     return list(TINY_MODELS)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_global_state():
-    """A test that fails half-way may leave an engine's global context behind; clear it, so
-    that one failure does not cascade into the next tests."""
-    yield
-    try:
-        from minisgl.core import clear_global_ctx
-        from minisgl.distributed import reset_tp_info
-    except ImportError:  # chapters before the package has them
+# ------------------------------------------------------------ no hang, nothing left behind
+_REAL_STDERR: List[int] = []  # a copy of the terminal's stderr, past pytest's capture
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is None:
+        _REAL_STDERR.append(os.dup(2))
         return
-    clear_global_ctx()
-    reset_tp_info()
+    with capture.global_and_fixture_disabled():
+        _REAL_STDERR.append(os.dup(2))
+
+
+@pytest.fixture(autouse=True)
+def _bounded_and_tidy(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test ends within TEST_TIMEOUT_S and stops every process it started."""
+    before = set(multiprocessing.active_children())
+    watchdog = Watchdog(request.node.nodeid, TEST_TIMEOUT_S, _REAL_STDERR[0])
+    yield
+    watchdog.cancel()
+    left = leftovers(before)
+    if left:
+        pytest.fail(f"the test left {', '.join(map(describe, left))} running (now stopped)")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    stopped = stop_all_children()  # else multiprocessing's exit handler would wait for them
+    if stopped:
+        os.write(_REAL_STDERR[0], f"\nstopped at the end: {', '.join(map(describe, stopped))}\n".encode())
+
+
+@pytest.fixture(autouse=True)
+def _fresh_global_state() -> Iterator[None]:
+    """A test that fails half-way may leave an engine's global context behind; clear it, so
+    that one failure does not cascade into the next tests. Only what a test has loaded can
+    hold such state, so nothing is imported here (and no test depends on these modules
+    through this fixture: tools/deps.py reads the imports)."""
+    yield
+    core, distributed = sys.modules.get("minisgl.core"), sys.modules.get("minisgl.distributed")
+    if core is not None and hasattr(core, "clear_global_ctx"):
+        core.clear_global_ctx()
+    if distributed is not None and hasattr(distributed, "reset_tp_info"):
+        distributed.reset_tp_info()

@@ -12,7 +12,7 @@ from minisgl.message import AbortBackendMsg
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.scheduler import _make_input_tuple, _make_positions, _make_write_tuple
 from minisgl.scheduler.table import TableManager
-from tests.support import load_example
+from tests.support import load_example, requires_model
 from tools.parity import build_prompts
 
 ch07 = load_example("examples/ch07_scheduler.py")
@@ -98,6 +98,7 @@ def test_max_tokens_and_eos() -> None:
     assert len(sched.outputs[0]) == 1 and len(sched.outputs[1]) == 7
 
 
+@requires_model("smollm2-135m")
 def test_stopping_at_eos(model_path) -> None:
     """SmolLM2 ends its answer with <|im_end|> (the EOS): the scheduler stops there."""
     prompt = build_prompts("smollm2-135m")[0]  # "The capital of France is" -> ... <|im_end|>

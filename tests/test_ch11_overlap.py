@@ -18,7 +18,7 @@ from minisgl.env import ENV
 from minisgl.llm import LLM
 from minisgl.message import AbortBackendMsg, DetokenizeMsg
 from minisgl.scheduler.prefill import ChunkedReq
-from tests.support import load_example
+from tests.support import load_example, requires_model
 from tools.models import ensure_model
 from tools.parity import build_prompts
 
@@ -222,6 +222,7 @@ def test_fix2_upstream_sends_a_token_past_the_eos() -> None:
         check_streams(messages, budgets, eos)
 
 
+@requires_model("smollm2-135m")
 def test_fix2_llm_generate_stops_at_eos_with_smollm2() -> None:
     llm = make(LLM, "smollm2-135m", max_running_req=8)
     try:
@@ -277,6 +278,7 @@ def test_fix4_upstream_frees_twice() -> None:
         abort_during_prefill(UpstreamLogic)
 
 
+@requires_model("smollm2-135m")
 def test_sampling_is_reproducible_and_per_request() -> None:
     params = [SamplingParams(temperature=1.5, top_k=3, max_tokens=12),
               SamplingParams(temperature=1.0, top_k=1, max_tokens=12),  # top-k 1: greedy

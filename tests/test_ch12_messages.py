@@ -44,7 +44,9 @@ from minisgl.utils import (
     ZmqPullQueue,
     ZmqPushQueue,
     ZmqSubQueue,
+    make_stoppable,
 )
+from tools.processes import finish, receive, stopped_on_exit
 
 FAMILIES = (BaseBackendMsg, BaseTokenizerMsg, BaseFrontendMsg)
 Q = TypeVar("Q")
@@ -167,6 +169,7 @@ def test_decoded_requests_do_not_share_sampling_params() -> None:
 # ------------------------------------------------------------------------------ PUSH and PULL
 def echo_worker(backend_addr: str, reply_addr: str) -> None:
     """A stand-in scheduler: answers each request with its prompt's length, until ExitMsg."""
+    make_stoppable()
     inbox = ZmqPullQueue(backend_addr, create=True, decoder=BaseBackendMsg.decoder)
     outbox = ZmqPushQueue(reply_addr, create=False, encoder=BaseTokenizerMsg.encoder)
     while not isinstance(msg := inbox.get(), ExitMsg):
@@ -180,12 +183,13 @@ def test_push_and_pull_between_processes(folder: str, keep: Callable) -> None:
     requests = keep(ZmqPushQueue(f"{folder}/backend", create=False, encoder=BaseBackendMsg.encoder))
     worker = mp.get_context("spawn").Process(target=echo_worker, args=(f"{folder}/backend", f"{folder}/replies"))
     worker.start()
-    for uid in range(3):  # sent before the worker has bound: PUSH keeps them until it has
-        requests.put(UserMsg(uid, torch.zeros(uid + 2, dtype=torch.int32), SamplingParams()))
-    got = sorted((r.uid, r.next_token) for r in (replies.get() for _ in range(3)))
-    requests.put(ExitMsg())
-    worker.join(timeout=60)
-    assert got == [(0, 2), (1, 3), (2, 4)] and worker.exitcode == 0
+    with stopped_on_exit(worker):
+        for uid in range(3):  # sent before the worker has bound: PUSH keeps them until it has
+            requests.put(UserMsg(uid, torch.zeros(uid + 2, dtype=torch.int32), SamplingParams()))
+        got = sorted((r.uid, r.next_token) for r in (receive(replies, [worker], 60, "a reply") for _ in range(3)))
+        requests.put(ExitMsg())
+        finish([worker])
+    assert got == [(0, 2), (1, 3), (2, 4)]
 
 
 def test_pull_queue_empty_and_raw_forwarding(folder: str, keep: Callable) -> None:
@@ -249,6 +253,7 @@ def check_broadcast_reaches_every_rank(publisher_cls: type, folder: str, keep: C
         t.start()
     sent = [AbortBackendMsg(uid) for uid in range(4)] + [ExitMsg()]
     try:
+        publisher.wait_for_subscribers(timeout=30)  # put() waits too, but without a bound
         for msg in sent:
             publisher.put(msg)
     finally:

@@ -6,6 +6,7 @@ import multiprocessing as mp
 import os
 import signal
 import tempfile
+import time
 from typing import Dict, Iterator, List
 
 import pytest
@@ -26,7 +27,6 @@ from minisgl.message import (
     DetokenizeMsg,
     TokenizeMsg,
     UserMsg,
-    UserReply,
 )
 from minisgl.tokenizer import tokenize_worker
 from minisgl.tokenizer.detokenize import REPLACEMENT_CHAR, DetokenizeManager
@@ -34,8 +34,9 @@ from minisgl.tokenizer.tokenize import TokenizeManager
 from minisgl.utils import ZmqPullQueue, ZmqPushQueue
 from tools.models import ensure_model
 from tools.parity import DEFAULT_TEXTS, build_prompts, load_tokenizer
+from tools.processes import finish, receive, stopped_on_exit
 
-MODEL = "smollm2-135m"
+MODEL = "tiny-qwen3"  # the tiny models carry SmolLM2's real tokenizer and chat template
 TEXTS = ["Café ☕ in 東京, then 🚀 to Zürich!", "naïve façade — 100 € 👍🏽", "def f(x):\n    return x ** 2\n"]
 
 
@@ -136,51 +137,110 @@ def unwrap(msg) -> List:
     return msg.data if isinstance(msg, (BatchBackendMsg, BatchFrontendMsg, BatchTokenizerMsg)) else [msg]
 
 
-def receive(queue: ZmqPullQueue, count: int) -> List:
+def receive_n(queue: ZmqPullQueue, count: int, worker: mp.Process) -> List:
     got: List = []
     while len(got) < count:
-        assert queue.socket.poll(timeout=60_000), f"received {len(got)} of {count} messages"
-        got.extend(unwrap(queue.get()))
+        got.extend(unwrap(receive(queue, [worker], 60, f"message {len(got) + 1} of {count}")))
     return got
+
+
+def start_worker(folder: str, local_bs: int = 4) -> mp.Process:
+    """A tokenizer worker in a fresh interpreter, once it has said it is ready."""
+    ack: mp.Queue = mp.get_context("spawn").Queue()
+    worker = mp.get_context("spawn").Process(target=tokenize_worker, kwargs=dict(
+        tokenizer_path=str(ensure_model(MODEL)), addr=f"{folder}/tokenizer", create=True,
+        backend_addr=f"{folder}/backend", frontend_addr=f"{folder}/frontend", local_bs=local_bs,
+        tokenizer_id=0, ack_queue=ack))  # fmt: skip
+    worker.start()
+    try:
+        assert ack.get(timeout=60) == "Tokenize server 0 is ready"
+    except BaseException:
+        worker.kill()
+        raise
+    return worker
 
 
 def test_the_worker_tokenizes_detokenizes_and_forwards_aborts(folder: str, tokenizer) -> None:
     backend = ZmqPullQueue(f"{folder}/backend", create=True, decoder=BaseBackendMsg.decoder)
     frontend = ZmqPullQueue(f"{folder}/frontend", create=True, decoder=BaseFrontendMsg.decoder)
     to_worker = ZmqPushQueue(f"{folder}/tokenizer", create=False, encoder=BaseTokenizerMsg.encoder)
-    ack: mp.Queue = mp.get_context("spawn").Queue()
-    worker = mp.get_context("spawn").Process(target=tokenize_worker, kwargs=dict(
-        tokenizer_path=str(ensure_model(MODEL)), addr=f"{folder}/tokenizer", create=True,
-        backend_addr=f"{folder}/backend", frontend_addr=f"{folder}/frontend", local_bs=4,
-        tokenizer_id=0, ack_queue=ack))  # fmt: skip
-    worker.start()
+    worker = start_worker(folder)
     try:
-        assert ack.get(timeout=60) == "Tokenize server 0 is ready"
-        params = SamplingParams(max_tokens=3)
-        to_worker.put(BatchTokenizerMsg([
-            TokenizeMsg(0, TEXTS[0], params),
-            TokenizeMsg(1, [{"role": "user", "content": "Hi!"}], params),
-            TokenizeMsg(2, 12345, params),  # not text: refused, the worker keeps serving
-            AbortMsg(0),
-        ]))  # fmt: skip
-        got = receive(backend, 3)
-        assert [type(m) for m in got] == [UserMsg, UserMsg, AbortBackendMsg]  # arrival order kept
-        assert got[0].input_ids.tolist() == tokenizer.encode(TEXTS[0]) and got[0].sampling_params == params
-        chat = tokenizer.apply_chat_template([{"role": "user", "content": "Hi!"}], add_generation_prompt=True,
-                                             tokenize=True, return_dict=True)["input_ids"]  # fmt: skip
-        assert got[1].input_ids.tolist() == list(chat)
-        refusal = receive(frontend, 1)[0]
-        assert refusal.uid == 2 and refusal.finished and "cannot tokenize" in refusal.error
+        with stopped_on_exit(worker):
+            params = SamplingParams(max_tokens=3)
+            to_worker.put(BatchTokenizerMsg([
+                TokenizeMsg(0, TEXTS[0], params),
+                TokenizeMsg(1, [{"role": "user", "content": "Hi!"}], params),
+                TokenizeMsg(2, 12345, params),  # not text: refused, the worker keeps serving
+                AbortMsg(0),
+            ]))  # fmt: skip
+            got = receive_n(backend, 3, worker)
+            assert [type(m) for m in got] == [UserMsg, UserMsg, AbortBackendMsg]  # arrival order kept
+            assert got[0].input_ids.tolist() == tokenizer.encode(TEXTS[0]) and got[0].sampling_params == params
+            chat = tokenizer.apply_chat_template([{"role": "user", "content": "Hi!"}], add_generation_prompt=True,
+                                                 tokenize=True, return_dict=True)["input_ids"]  # fmt: skip
+            assert got[1].input_ids.tolist() == list(chat)
+            refusal = receive_n(frontend, 1, worker)[0]
+            assert refusal.uid == 2 and refusal.finished and "cannot tokenize" in refusal.error
 
-        ids = tokenizer.encode(TEXTS[1])
-        for i, t in enumerate(ids):
-            to_worker.put(DetokenizeMsg(1, t, i == len(ids) - 1))
-        replies = receive(frontend, len(ids))
-        assert "".join(r.incremental_output for r in replies) == TEXTS[1]
-        assert [r.finished for r in replies] == [False] * (len(ids) - 1) + [True]
+            ids = tokenizer.encode(TEXTS[1])
+            for i, t in enumerate(ids):
+                to_worker.put(DetokenizeMsg(1, t, i == len(ids) - 1))
+            replies = receive_n(frontend, len(ids), worker)
+            assert "".join(r.incremental_output for r in replies) == TEXTS[1]
+            assert [r.finished for r in replies] == [False] * (len(ids) - 1) + [True]
+            worker.terminate()  # SIGTERM: the worker leaves its loop and closes its sockets
+            finish([worker], timeout=10)  # exit code 0, or this raises
     finally:
-        os.kill(worker.pid, signal.SIGINT)  # the worker leaves its loop on KeyboardInterrupt
-        worker.join(timeout=30)
         for q in (to_worker, backend, frontend):
             q.stop()
-    assert worker.exitcode == 0
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+def test_the_worker_stops_on_a_signal_even_if_it_inherited_sigint_ignored(folder: str, how: str) -> None:
+    """A program started in the background by a script inherits SIGINT ignored, and passes
+    that on to its children; Python then never turns SIGINT into KeyboardInterrupt. The
+    worker sets its own handlers, so the signal still ends it, with exit code 0."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what the child will inherit
+    try:
+        worker = start_worker(folder)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    with stopped_on_exit(worker):
+        os.kill(worker.pid, getattr(signal, how))
+        finish([worker], timeout=10)
+
+
+def spawn_and_vanish(folder: str, pid_file: str) -> None:
+    """A parent that starts a worker and then dies without stopping it."""
+    worker = start_worker(folder)
+    with open(pid_file, "w") as f:
+        f.write(str(worker.pid))
+    os._exit(0)
+
+
+def is_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie (exited, not yet reaped by whoever adopted it) is gone too
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_an_orphaned_worker_stops_by_itself(folder: str, tmp_path) -> None:
+    pid_file = str(tmp_path / "worker.pid")
+    parent = mp.get_context("spawn").Process(target=spawn_and_vanish, args=(folder, pid_file))
+    parent.start()
+    parent.join(90)
+    assert parent.exitcode == 0
+    pid = int(open(pid_file).read())
+    deadline = time.monotonic() + 15
+    while not is_gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not is_gone(pid):
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"the worker (pid {pid}) outlived its parent by 15 s")

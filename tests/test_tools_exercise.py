@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from tools.exercise import blank_function, verify
-from tools.steps import Book, BookError
+from tools.book import Book, BookError
 
 SOURCE = textwrap.dedent(
     '''

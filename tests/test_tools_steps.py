@@ -12,7 +12,9 @@ from typing import Dict, Optional
 
 import pytest
 
-from tools.steps import Book, main, mask_output, parse_parity, run_chapter
+from tools.book import Book
+from tools.prints import mask_output
+from tools.steps import main, parse_parity, run_chapter
 
 PARITY_OK = "parity: models=1 prompts=2 tokens=10/10 min_margin=0.5000"
 
@@ -110,7 +112,7 @@ def check(root: Path, *numbers: int) -> tuple[int, str]:
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve().parents[1] / "tools" / "steps.py"),
          "--root", str(root), "check", *map(str, numbers)],
-        capture_output=True, text=True,
+        capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     return proc.returncode, proc.stdout + proc.stderr
 
@@ -168,7 +170,7 @@ def test_a_chapter_without_the_package_cannot_import_an_installed_one(tmp_path: 
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve().parents[1] / "tools" / "steps.py"),
          "--root", str(root), "check", "0"],
-        capture_output=True, text=True, env=env,
+        capture_output=True, text=True, env=env, timeout=240,
     )  # fmt: skip
     assert proc.returncode != 0
     assert "No module named 'minisgl.later'" in proc.stdout
@@ -277,7 +279,7 @@ def test_retired_tests_stop_running_from_their_chapter(tmp_path: Path) -> None:
     root = make_book(tmp_path)
     row = run_chapter(Book(root), 2)
     assert row.ok, row.problems
-    assert row.passed == 2  # ch00's and ch02's, not ch01's (which would fail on triple())
+    assert row.tests.passed == 2  # ch00's and ch02's, not ch01's (which would fail on triple())
 
 
 def test_parse_and_mask_helpers() -> None:
@@ -288,3 +290,168 @@ def test_parse_and_mask_helpers() -> None:
     # a group named v masks only itself
     row = "tiny  'x'  32   yes  0.0158   209.6\nop  0.00123"
     assert mask_output(row, [r"^.* (?:yes|NO) +[\d.]+(?P<v> +[\d.]+)$"]) == "tiny  'x'  32   yes  0.0158#\nop  0.00123"
+
+
+# ------------------------------------------------------------------ nothing hangs, nothing stays
+HANGING_MAIN = """
+import multiprocessing as mp
+import sys
+import time
+
+
+def wait_for_ever():
+    time.sleep(3600)
+
+
+if __name__ == "__main__":
+    child = mp.get_context("spawn").Process(target=wait_for_ever)
+    child.start()
+    with open(sys.argv[0] + ".pid", "w") as f:
+        f.write(str(child.pid))
+    child.join()
+"""
+
+
+def is_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie has exited too
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_hung_main_and_its_child_are_killed_and_reported(tmp_path: Path) -> None:
+    root = make_book(tmp_path, {
+        "examples/ch00_main.py": HANGING_MAIN,
+        "chapters/ch00/manifest.toml": 'chapter = 0\ntitle = "zero"\nmain = "examples/ch00_main.py"\n'
+        'tests = ["tests/test_ch00_core.py"]\ncreates = ["minisgl/__init__.py", "minisgl/core.py"]\ntimeout = 8\n',
+    })  # fmt: skip
+    keep = tmp_path / "kept"
+    row = run_chapter(Book(root), 0, keep=keep)
+    report = "\n".join(row.problems)
+    assert "main examples/ch00_main.py ran past its 8 s" in report, report
+    # each process is named with its command line and the stack where it waited
+    assert "examples/ch00_main.py\n" in report and "ch00_main.py\", line 15 in <module>" in report
+    assert "multiprocessing.spawn" in report and "ch00_main.py\", line 7 in wait_for_ever" in report
+    (pid_file,) = keep.rglob("ch00_main.py.pid")
+    child = int(pid_file.read_text())
+    assert is_gone(child), f"the child {child} is still running"
+
+
+def test_a_main_that_leaves_a_process_running_fails(tmp_path: Path) -> None:
+    main_text = f"""
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+with open(sys.argv[0] + ".pid", "w") as f:
+    f.write(str(child.pid))
+print("{PARITY_OK}")
+"""
+    root = make_book(tmp_path, {"examples/ch00_main.py": main_text})
+    keep = tmp_path / "kept"
+    row = run_chapter(Book(root), 0, keep=keep, run_tests=False)
+    report = "\n".join(row.problems)
+    assert not row.ok and "left 1 process(es) running after it ended" in report, report
+    (pid_file,) = keep.rglob("ch00_main.py.pid")
+    assert is_gone(int(pid_file.read_text()))
+
+
+def test_a_number_that_depends_on_the_machine_is_compared_within_its_tolerance(tmp_path: Path) -> None:
+    book_toml = (
+        'package = "minisgl"\nsupport = ["tests/support.py"]\n[prints]\n'
+        "approx = [{ pattern = 'margin (?P<v>[\\d.]+)', abs = 0.002, why = 'float32 rounding' }]\n"
+    )
+    page = """
+        # One
+        <!-- prints: examples/ch01_main.py -->
+        ```text
+        double 4 took 0.9 s, margin 0.0520
+        parity: models=1 prompts=2 tokens=10/10 min_margin=0.5000
+        ```
+        """
+    for printed, ok in (("0.0519", True), ("0.0535", True), ("0.0560", False)):
+        main_text = f"print('double 4 took 1.5 s, margin {printed}')\nprint('{PARITY_OK}')\n"
+        root = make_book(tmp_path / printed, {
+            "chapters/book.toml": book_toml, "docs/ch01.md": page, "examples/ch01_main.py": main_text,
+        })  # fmt: skip
+        row = run_chapter(Book(root), 1, run_tests=False)
+        assert row.ok == ok, (printed, row.problems)
+        if not ok:
+            assert "0.0520 in the page, 0.0560 now (allowed: +-0.002; float32 rounding)" in row.problems[0]
+
+
+# ------------------------------------------------------------ carried-forward tests, selected
+def test_a_carried_forward_test_is_not_rerun_where_nothing_it_imports_changed(tmp_path: Path) -> None:
+    code, out = check(make_book(tmp_path))
+    assert code == 0, out
+    # chapter 01 changed core.py, so test_ch00_core reran there; chapter 02 changed only util.py
+    assert "not rerun (no file they depend on changed since chapter 01): test_ch00_core.py" in out
+    assert "since chapter 00" not in out
+    # one chapter alone has no earlier chapter in its check: it runs everything
+    code, out = check(make_book(tmp_path / "alone"), 2)
+    assert code == 0 and "not rerun" not in out, out
+
+
+def test_a_fix_that_never_reached_a_later_version_of_its_file_still_fails(tmp_path: Path) -> None:
+    """Chapter 00's version of core.py has the fix its test checks; chapter 01's version of
+    the same file lost it. The test reruns in chapter 01 (core.py changed) and fails there."""
+    fixed = "import minisgl.core\n\ndef test_value():\n    assert minisgl.core.VALUE == 0\n"
+    code, out = check(make_book(tmp_path, {"tests/test_ch00_core.py": fixed}))
+    assert code != 0
+    assert "chapter 00: zero: ok" in out and "chapter 01: one: FAILED" in out, out
+    assert "test_ch00_core.py::test_value" in out
+
+
+def test_deps_follow_imports_and_the_rules_for_what_the_source_does_not_spell_out(tmp_path: Path) -> None:
+    from tools.deps import ImportGraph
+
+    _write(tmp_path, {
+        "minisgl/__init__.py": "",
+        "minisgl/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from minisgl import b\n",
+        "minisgl/b.py": "",
+        "minisgl/models/__init__.py": "from .register import get\n",
+        "minisgl/models/register.py": "import importlib\ndef get(n):\n    return importlib.import_module(n, __package__)\n",
+        "minisgl/models/qwen.py": "",
+        "minisgl/kernel/__init__.py": "from .store import store\n",
+        "minisgl/kernel/store.py": "def store():\n    from . import _impl\n",
+        "minisgl/kernel/_impl.py": "",
+        "minisgl/kernel/csrc/store.cu": "",
+        "minisgl/__main__.py": "",
+        "examples/ch01_main.py": "import minisgl.a\n",
+        "tests/test_x.py": "from minisgl.kernel import store\nload('examples/ch01_main.py')\n"
+                           "cmd = ['python', '-m', 'minisgl']\n",
+        "tests/test_y.py": "import minisgl.models\n",
+    })  # fmt: skip
+    graph = ImportGraph(tmp_path, "minisgl")
+    assert graph.package_dependencies(["tests/test_x.py"]) == {
+        "minisgl/__init__.py", "minisgl/a.py", "minisgl/__main__.py",  # not b.py: TYPE_CHECKING
+        "minisgl/kernel/__init__.py", "minisgl/kernel/store.py", "minisgl/kernel/_impl.py",
+        "minisgl/kernel/csrc/store.cu",
+    }  # fmt: skip
+    assert graph.package_dependencies(["tests/test_y.py"]) == {
+        "minisgl/__init__.py", "minisgl/models/__init__.py", "minisgl/models/register.py",
+        "minisgl/models/qwen.py",  # a computed import_module: the whole package
+    }  # fmt: skip
+
+
+def test_new_opens_a_chapter_and_keeps_every_earlier_tree(tmp_path: Path) -> None:
+    root = make_book(tmp_path)
+    (root / "chapters" / "book.toml").write_text(
+        (root / "chapters" / "book.toml").read_text()
+        + '[[plan]]\nnumber = "03"\ntitle = "three"\nsummary = "quadruple the value"\n'
+    )
+    trees = {n: {p: f.read_bytes() for p, f in Book(root).package_files(n).items()} for n in (0, 1, 2)}
+    assert main(["--root", str(root), "new", "3", "quad", "--modifies", "minisgl/util.py",
+                 "--creates", "minisgl/quad.py"]) == 0  # fmt: skip
+    book = Book(root)
+    for n, files in trees.items():  # every earlier chapter still sees exactly its own files
+        assert {p: f.read_bytes() for p, f in book.package_files(n).items()} == files
+    assert (root / "chapters/ch02/minisgl/util.py").read_text() == "def triple(x):\n    return 3 * x\n"
+    assert book.chapter(3).title == "three" and book.chapter(3).modifies == ["minisgl/util.py"]
+    problems = "\n".join(book.verify())
+    assert "chapter 03 says it modifies minisgl/util.py, but its version is identical" in problems
+    (root / "minisgl/util.py").write_text("def quadruple(x):\n    return 4 * x\n")
+    assert Book(root).verify() == []

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.steps import Book, BookError, tomllib  # noqa: E402
+from tools.book import Book, BookError, tomllib  # noqa: E402
 
 CODE_RE = re.compile(r"^<!-- code(?:\[(?P<chapter>\d+)\])?: (?P<path>[^\s:]+)(?:::(?P<symbol>[\w.]+))? -->$", re.M)
 TREE_RE = re.compile(r"^<!-- tree\[(?P<chapter>\d+)\] -->$", re.M)

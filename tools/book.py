@@ -1,0 +1,320 @@
+"""The book's plan as data: the chapters' manifests, and the trees they describe.
+
+A chapter's manifest (``chapters/chNN/manifest.toml``) names the package files it creates,
+modifies, or brings in early, its main, its tests, and the upstream files it follows. The
+version of a file at chapter N is the one written by the latest chapter <= N that touched it:
+its last version lives in ``minisgl/``, earlier ones in the folder of the chapter that wrote them.
+``chapters/book.toml`` holds what every chapter shares (the support files copied into each
+tree, the print tolerances, the whole plan).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from tools.prints import PrintRules
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class BookError(Exception):
+    """A manifest, a tree or a command line that cannot be used."""
+
+
+@dataclass
+class Exercise:
+    id: str
+    file: str  # a path in the chapter's tree
+    function: str  # "name" or "Class.method"
+    tests: List[str]  # pytest node ids that must fail without the body
+    hint: str = ""
+
+
+@dataclass
+class Manifest:
+    number: int
+    folder: Path
+    title: str
+    main: str
+    tests: List[str] = field(default_factory=list)
+    creates: List[str] = field(default_factory=list)
+    modifies: List[str] = field(default_factory=list)
+    early: List[str] = field(default_factory=list)
+    upstream: List[str] = field(default_factory=list)
+    retire: Dict[str, str] = field(default_factory=dict)
+    exercises: List[Exercise] = field(default_factory=list)
+    page: Optional[str] = None
+    prints: PrintRules = field(default_factory=PrintRules)  # added to the book's rules
+    parity: bool = True
+    timeout: int = 600
+
+    @property
+    def label(self) -> str:
+        return f"{self.number:02d}"
+
+    @property
+    def writes(self) -> List[str]:
+        return [*self.creates, *self.modifies, *self.early]
+
+
+def load_manifest(path: Path) -> Manifest:
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise BookError(f"{path}: not valid TOML: {e}") from e
+    known = {
+        "chapter", "title", "main", "tests", "creates", "modifies", "early", "upstream",
+        "retire", "exercise", "page", "prints", "parity", "timeout",
+    }  # fmt: skip
+    unknown = set(data) - known
+    if unknown:
+        raise BookError(f"{path}: unknown keys {sorted(unknown)}")
+    for key in ("chapter", "title", "main"):
+        if key not in data:
+            raise BookError(f"{path}: missing key {key!r}")
+    exercises = [Exercise(**item) for item in data.get("exercise", [])]
+    return Manifest(
+        number=int(data["chapter"]),
+        folder=path.parent,
+        title=data["title"],
+        main=data["main"],
+        tests=list(data.get("tests", [])),
+        creates=list(data.get("creates", [])),
+        modifies=list(data.get("modifies", [])),
+        early=list(data.get("early", [])),
+        upstream=list(data.get("upstream", [])),
+        retire=dict(data.get("retire", {})),
+        exercises=exercises,
+        page=data.get("page"),
+        prints=_print_rules(path, data.get("prints", {})),
+        parity=bool(data.get("parity", True)),
+        timeout=int(data.get("timeout", 600)),
+    )
+
+
+def _print_rules(path: Path, data: Dict) -> PrintRules:
+    try:
+        return PrintRules.from_toml(data)
+    except TypeError as e:
+        raise BookError(f"{path}: a [prints] rule has an unknown key: {e}") from e
+
+
+class Book:
+    """All chapters of one repository (the real one, or a fixture made by the tests)."""
+
+    def __init__(self, root: Path = REPO_ROOT) -> None:
+        self.root = Path(root).resolve()
+        settings_path = self.root / "chapters" / "book.toml"
+        if not settings_path.exists():
+            raise BookError(f"{settings_path} is missing")
+        settings = tomllib.loads(settings_path.read_text())
+        self.package: str = settings.get("package", "minisgl")
+        self.support: List[str] = list(settings.get("support", []))
+        self.prints = _print_rules(settings_path, settings.get("prints", {}))
+        manifests = sorted((self.root / "chapters").glob("ch*/manifest.toml"))
+        self.chapters: List[Manifest] = sorted(
+            (load_manifest(p) for p in manifests), key=lambda m: m.number
+        )
+        if not self.chapters:
+            raise BookError("no chapters found under chapters/")
+        numbers = [m.number for m in self.chapters]
+        if len(set(numbers)) != len(numbers):
+            raise BookError(f"two manifests claim the same chapter number: {numbers}")
+        for m in self.chapters:
+            if m.folder.name != f"ch{m.label}":
+                raise BookError(f"{m.folder}/manifest.toml says chapter {m.number}")
+
+    # ----------------------------------------------------------------- lookups
+    def print_rules(self, chapter: Manifest) -> PrintRules:
+        return self.prints + chapter.prints
+
+    def chapter(self, number: int) -> Manifest:
+        for m in self.chapters:
+            if m.number == number:
+                return m
+        raise BookError(f"no chapter {number}; chapters: {[m.number for m in self.chapters]}")
+
+    @property
+    def last(self) -> Manifest:
+        return self.chapters[-1]
+
+    def writers(self, path: str) -> List[Manifest]:
+        return [m for m in self.chapters if path in m.writes]
+
+    def stored_at(self, path: str, writer: Manifest) -> Path:
+        """Where the version of `path` written by chapter `writer` lives."""
+        later = [m for m in self.writers(path) if m.number > writer.number]
+        return self.root / path if not later else writer.folder / path
+
+    def package_files(self, number: int) -> Dict[str, Path]:
+        """Package path -> the file holding its version at chapter `number`."""
+        files: Dict[str, Path] = {}
+        for m in self.chapters:
+            if m.number > number:
+                break
+            for path in m.writes:
+                files[path] = self.stored_at(path, m)
+        return files
+
+    def previous(self, number: int) -> Optional[Manifest]:
+        earlier = [m for m in self.chapters if m.number < number]
+        return earlier[-1] if earlier else None
+
+    def changed_files(self, before: Optional[int], after: int) -> List[str]:
+        """Package files that differ between two chapters' trees (added, removed or edited);
+        every file of `after` when `before` is None."""
+        new = self.package_files(after)
+        if before is None:
+            return sorted(new)
+        old = self.package_files(before)
+        return sorted(
+            path
+            for path in set(old) | set(new)
+            if path not in old or path not in new or old[path].read_bytes() != new[path].read_bytes()
+        )
+
+    def tests_at(self, number: int) -> List[str]:
+        retired = {t for m in self.chapters if m.number <= number for t in m.retire}
+        return [
+            t for m in self.chapters if m.number <= number for t in m.tests if t not in retired
+        ]
+
+    def retired_tests(self) -> Dict[str, Tuple[int, str]]:
+        return {t: (m.number, why) for m in self.chapters for t, why in m.retire.items()}
+
+    def creator_of(self, path: str) -> Optional[Manifest]:
+        for m in self.chapters:
+            if path in m.creates or path in m.early:
+                return m
+        return None
+
+    # ------------------------------------------------------------------ build
+    def build(self, number: int, out: Path) -> Path:
+        """Materialise chapter `number`'s tree into `out` (which must be empty or absent)."""
+        out = Path(out)
+        if out.exists() and any(out.iterdir()):
+            raise BookError(f"{out} is not empty")
+        out.mkdir(parents=True, exist_ok=True)
+        chapter = self.chapter(number)
+        for rel, src in self.package_files(number).items():
+            _copy(src, out / rel)
+        for rel in self.support:
+            src = self.root / rel
+            if src.is_dir():
+                for f in sorted(src.rglob("*")):
+                    if f.is_file() and "__pycache__" not in f.parts:
+                        _copy(f, out / f.relative_to(self.root))
+            elif src.exists():
+                _copy(src, out / rel)
+        for m in self.chapters:
+            if m.number <= chapter.number and (self.root / m.main).exists():
+                _copy(self.root / m.main, out / m.main)
+        for rel in self.tests_at(number):
+            _copy(self.root / rel, out / rel)
+        return out
+
+    # --------------------------------------------------------- manifest truth
+    def verify(self) -> List[str]:
+        """Every way the manifests and the files on disk can disagree, as sentences."""
+        problems: List[str] = []
+        existing: Dict[str, Manifest] = {}
+        version: Dict[str, Path] = {}
+        for m in self.chapters:
+            seen: Dict[str, str] = {}
+            for kind, paths in (("creates", m.creates), ("modifies", m.modifies), ("early", m.early)):
+                for path in paths:
+                    if path in seen:
+                        problems.append(f"chapter {m.label} names {path} twice ({seen[path]}, {kind})")
+                    seen[path] = kind
+                    if not path.startswith(self.package + "/"):
+                        problems.append(f"chapter {m.label} {kind} {path}, outside {self.package}/")
+                    if kind in ("creates", "early") and path in existing:
+                        problems.append(
+                            f"chapter {m.label} says it {kind} {path}, but chapter "
+                            f"{existing[path].label} already wrote it"
+                        )
+                    if kind == "modifies" and path not in existing:
+                        problems.append(
+                            f"chapter {m.label} says it modifies {path}, which no earlier chapter wrote"
+                        )
+                    stored = self.stored_at(path, m)
+                    if not stored.exists():
+                        problems.append(f"chapter {m.label} writes {path}, but {_rel(stored, self.root)} is missing")
+                    elif kind == "modifies" and path in version and version[path].exists():
+                        if stored.read_bytes() == version[path].read_bytes():
+                            problems.append(
+                                f"chapter {m.label} says it modifies {path}, but its version is "
+                                f"identical to chapter {existing[path].label}'s"
+                            )
+                    existing[path], version[path] = m, stored
+            # the chapter folder holds exactly its non-final versions and the manifest
+            expected = {
+                path for path in m.writes if self.stored_at(path, m) == m.folder / path
+            }
+            present = {
+                str(p.relative_to(m.folder)).replace(os.sep, "/")
+                for p in m.folder.rglob("*")
+                if p.is_file() and p.name != "manifest.toml" and "__pycache__" not in p.parts
+            }
+            for extra in sorted(present - expected):
+                why = (
+                    "its last version belongs in the package folder"
+                    if extra in m.writes
+                    else "the manifest does not name it"
+                )
+                problems.append(f"chapters/{m.folder.name}/{extra} should not be there: {why}")
+            if not (self.root / m.main).exists():
+                problems.append(f"chapter {m.label}'s main {m.main} is missing")
+            for t in m.tests:
+                if not (self.root / t).exists():
+                    problems.append(f"chapter {m.label}'s test file {t} is missing")
+                elif not Path(t).name.startswith(f"test_ch{m.label}_"):
+                    problems.append(f"chapter {m.label}'s test file {t} should be named test_ch{m.label}_*.py")
+            for t, why in m.retire.items():
+                if not why.strip():
+                    problems.append(f"chapter {m.label} retires {t} without a reason")
+                if not any(t in earlier.tests for earlier in self.chapters if earlier.number < m.number):
+                    problems.append(f"chapter {m.label} retires {t}, which no earlier chapter runs")
+            if m.page and not (self.root / m.page).exists():
+                problems.append(f"chapter {m.label}'s page {m.page} is missing")
+        # the finished package is exactly the last chapter's tree
+        final = set(self.package_files(self.last.number))
+        package_dir = self.root / self.package
+        on_disk = {
+            str(p.relative_to(self.root)).replace(os.sep, "/")
+            for p in package_dir.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")
+        } if package_dir.exists() else set()  # fmt: skip
+        for extra in sorted(on_disk - final):
+            problems.append(f"{extra} is in {self.package}/, but no chapter's manifest writes it")
+        for missing in sorted(final - on_disk):
+            problems.append(f"{missing} belongs to the last chapter's tree but is not in {self.package}/")
+        # every chapter test file on disk belongs to a manifest
+        claimed = {t for m in self.chapters for t in m.tests}
+        for f in sorted((self.root / "tests").glob("test_ch*.py")):
+            rel = f"tests/{f.name}"
+            if rel not in claimed:
+                problems.append(f"{rel} is not named by any chapter's manifest")
+        return problems
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, dst)
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)

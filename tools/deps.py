@@ -1,0 +1,173 @@
+"""Which files of a chapter's tree a test file depends on, read from the code.
+
+A carried-forward test file is rerun in a chapter only if that chapter changed a package file
+it depends on (BOOK.md, rule 6): otherwise its result there cannot differ from its result in
+the previous chapter of the same check. The dependencies are the closure of the file's
+imports over the tree, taken from the source (``ast``), with every import counted, at module
+level and inside functions, except those under ``if TYPE_CHECKING:``, which never run.
+Imports that the source does not spell out
+are covered by three rules that err on the side of rerunning:
+
+* ``importlib.import_module(...)`` with a name that is not a constant depends on every module
+  of the calling module's package (the model registry picks a module by architecture);
+* a command line written out as a list that runs a module (``[sys.executable, "-m",
+  "minisgl", ...]``) depends on that module, and a string constant that names a Python file
+  of the tree (``"examples/ch07_scheduler.py"``, as in ``load_example``) on that file;
+* a package module (not a package's ``__init__.py``) depends on the files that are not Python
+  in its folder and below (kernel sources read at run time).
+
+`steps.py check` also verifies the reading: every ``minisgl`` module that the selected tests'
+processes actually loaded must be among the dependencies computed here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, Iterable, Iterator, List, Optional, Set
+
+
+def module_name(rel: str) -> Optional[str]:
+    """'minisgl/a/b.py' -> 'minisgl.a.b', 'minisgl/a/__init__.py' -> 'minisgl.a'."""
+    if not rel.endswith(".py"):
+        return None
+    parts = rel[: -len(".py")].split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+class ImportGraph:
+    """The files of one tree (relative paths) and which files each one brings in."""
+
+    def __init__(self, tree: Path, package: str) -> None:
+        self.tree = Path(tree)
+        self.package = package
+        self.files = sorted(
+            p.relative_to(self.tree).as_posix()
+            for p in self.tree.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        )
+        self.modules: Dict[str, str] = {}  # dotted name -> file, for every Python file
+        for rel in self.files:
+            name = module_name(rel)
+            if name is not None:
+                self.modules[name] = rel
+        self._edges: Dict[str, Set[str]] = {}
+
+    # ------------------------------------------------------------------ one file's imports
+    def _with_parents(self, name: str) -> Set[str]:
+        """The files that importing `name` runs: its own and its packages' __init__.py."""
+        found = set()
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            rel = self.modules.get(".".join(parts[:i]))
+            if rel is not None:
+                found.add(rel)
+        return found
+
+    def _resolve(self, rel: str, module: Optional[str], level: int) -> Optional[str]:
+        """The absolute name of `from <level dots><module> import ...` written in file `rel`."""
+        if level == 0:
+            return module
+        own = module_name(rel) or ""
+        is_package = rel.endswith("__init__.py")
+        base = own.split(".") if is_package else own.split(".")[:-1]
+        if level > 1:
+            base = base[: len(base) - (level - 1)]
+        return ".".join([*base, module] if module else base)
+
+    def _package_modules(self, package: str) -> Set[str]:
+        prefix = package + "."
+        return {rel for name, rel in self.modules.items() if name == package or name.startswith(prefix)}
+
+    def edges(self, rel: str) -> Set[str]:
+        if rel in self._edges:
+            return self._edges[rel]
+        found: Set[str] = set()
+        if rel.endswith(".py"):
+            found |= self._python_edges(rel)
+        own = module_name(rel)
+        if own is not None and own.split(".")[0] == self.package and not rel.endswith("__init__.py"):
+            folder = rel.rsplit("/", 1)[0] + "/"
+            found |= {f for f in self.files if f.startswith(folder) and not f.endswith(".py")}
+        found.discard(rel)
+        self._edges[rel] = found
+        return found
+
+    def _python_edges(self, rel: str) -> Set[str]:
+        try:
+            tree = ast.parse((self.tree / rel).read_text(), filename=rel)
+        except SyntaxError:
+            return set()
+        found: Set[str] = set()
+        own = module_name(rel) or ""
+        for node in _runtime_nodes(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    found |= self._with_parents(alias.name)
+            elif isinstance(node, ast.ImportFrom):
+                base = self._resolve(rel, node.module, node.level)
+                if base:
+                    found |= self._with_parents(base)
+                    for alias in node.names:  # `from pkg import submodule`
+                        found |= self._with_parents(f"{base}.{alias.name}")
+            elif isinstance(node, ast.Call) and _is_import_module(node):
+                name = node.args[0] if node.args else None
+                if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                    dots = len(name.value) - len(name.value.lstrip("."))
+                    target = self._resolve(rel, name.value[dots:] or None, dots)
+                    found |= self._with_parents(target) if target else set()
+                else:  # a computed name: anything in the caller's package
+                    found |= self._package_modules(own.rsplit(".", 1)[0] if "." in own else own)
+            elif isinstance(node, (ast.List, ast.Tuple)):  # [sys.executable, "-m", "minisgl", ...]
+                items = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+                for flag, name in zip(items, items[1:]):
+                    if flag == "-m" and isinstance(name, str) and name in self.modules:
+                        found |= self._with_parents(name)
+                        found |= self._with_parents(f"{name}.__main__")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if node.value.endswith(".py") and node.value in self.files:  # load_example(...)
+                    found.add(node.value)
+        return found
+
+    # ------------------------------------------------------------------ closure
+    def closure(self, roots: Iterable[str]) -> Set[str]:
+        seen: Set[str] = set()
+        todo = [r for r in roots if r in self.files]
+        while todo:
+            rel = todo.pop()
+            if rel in seen:
+                continue
+            seen.add(rel)
+            todo.extend(self.edges(rel) - seen)
+        return seen
+
+    def package_dependencies(self, roots: Iterable[str]) -> Set[str]:
+        """The package's files among everything `roots` bring in."""
+        return {f for f in self.closure(roots) if f.startswith(self.package + "/")}
+
+
+def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node of `tree` except what sits under `if TYPE_CHECKING:` (it never runs)."""
+    todo: List[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _is_import_module(node: ast.Call) -> bool:
+    func = node.func
+    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id == "import_module"
+    )

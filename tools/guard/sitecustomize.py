@@ -1,0 +1,80 @@
+"""Loaded at the start of every Python process of a chapter's run (tools/steps.py puts this
+folder first on PYTHONPATH; processes that the run starts inherit it).
+
+* Isolation: ``minisgl`` comes from the chapter's tree ($MINISGL_BOOK_TREE) and from nowhere
+  else: not from an editable install of the repository, not from site-packages. At exit, a
+  process that loaded a ``minisgl`` module from elsewhere fails with exit code 86.
+* A record of what ran: when $MINISGL_BOOK_LOADED names a folder, the process writes the
+  files of the package modules it loaded to <folder>/<pid>.txt at exit.
+* Stacks on request: when $MINISGL_BOOK_STACKS names a folder, SIGUSR1 makes this process
+  write the stack of each of its threads to <folder>/<pid>.txt, even while it is blocked
+  inside C code (tools/supervise.py asks for them before it kills a run that hangs).
+"""
+
+import atexit
+import faulthandler
+import importlib.machinery
+import os
+import signal
+import sys
+
+_TREE = os.path.realpath(os.environ["MINISGL_BOOK_TREE"])
+_PKG = os.environ.get("MINISGL_BOOK_PACKAGE", "minisgl")
+_CHAPTER = os.environ.get("MINISGL_BOOK_CHAPTER", "?")
+
+# an editable install of the repository must not serve the package
+sys.meta_path[:] = [f for f in sys.meta_path if _PKG not in type(f).__module__]
+sys.path[:] = [
+    p
+    for p in sys.path
+    if os.path.realpath(p or ".") == _TREE or not os.path.exists(os.path.join(p or ".", _PKG, "__init__.py"))
+]
+
+
+class _TreeOnly:
+    """Find the top-level package in the chapter's tree and nowhere else."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _PKG:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, [_TREE])
+        if spec is None:
+            raise ModuleNotFoundError(
+                f"No module named '{name}' (chapter {_CHAPTER}'s tree has no {name}/)", name=name
+            )
+        return spec
+
+
+sys.meta_path.insert(0, _TreeOnly())
+
+
+def _package_files():
+    """file (relative to the tree) of every package module this process loaded"""
+    files = []
+    for mod_name, mod in list(sys.modules.items()):
+        file = getattr(mod, "__file__", None)
+        if (mod_name == _PKG or mod_name.startswith(_PKG + ".")) and file:
+            real = os.path.realpath(file)
+            if not real.startswith(_TREE + os.sep):
+                sys.stderr.write(f"steps.py: {mod_name} was loaded from {file}, outside the tree\n")
+                sys.stderr.flush()
+                os._exit(86)
+            files.append(os.path.relpath(real, _TREE).replace(os.sep, "/"))
+    return files
+
+
+def _at_exit():
+    files = _package_files()
+    folder = os.environ.get("MINISGL_BOOK_LOADED")
+    if folder:  # tools/steps.py compares what ran with what tools/deps.py predicted
+        with open(os.path.join(folder, f"{os.getpid()}.txt"), "w") as f:
+            f.write("\n".join(sorted(files)))
+
+
+atexit.register(_at_exit)
+
+if os.environ.get("MINISGL_BOOK_STACKS") and hasattr(signal, "SIGUSR1"):
+    _STACKS = open(os.path.join(os.environ["MINISGL_BOOK_STACKS"], f"{os.getpid()}.txt"), "w")
+    _STACKS.write(" ".join(sys.argv) + "\n")
+    _STACKS.flush()
+    faulthandler.register(signal.SIGUSR1, file=_STACKS, all_threads=True)
