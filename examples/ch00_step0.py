@@ -121,8 +121,13 @@ def check(name: str, texts: list[str], n: int) -> tuple[int, int, float]:
     prompts = [tok(t).input_ids for t in texts[:-1] + [chat_text]]
     matched, total, margins_seen = 0, 0, []
     for text, prompt in zip(texts, prompts):
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                          output_logits=True, return_dict_in_generate=True)  # fmt: skip
+        out = hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
         ref, top2 = out.sequences[0, len(prompt) :].tolist(), torch.stack(out.logits)[:, 0].topk(2)
         margins = top2.values[:, 0] - top2.values[:, 1]  # how clear-cut each choice was
         begin = time.perf_counter()
@@ -134,11 +139,11 @@ def check(name: str, texts: list[str], n: int) -> tuple[int, int, float]:
         ok = "yes" if ours == ref else "NO"
         print(f"{name:14s} {text[:26]!r:28s} {len(ref):6d} {ok:>5s} {margin:7.4f} {speed:7.1f}")
         if ours != ref:
-            show = lambda t: (
-                f"{t[good]} {tok.decode(t[good])!r}" if good < len(t) else "end"
-            )  # noqa
-            print(f"  first divergence at generated token {good}: ours {show(ours)}, transformers "
-                  f"{show(ref)}, top-2 margin there {float(margins[min(good, len(margins) - 1)]):.4f}")  # fmt: skip
+            show = lambda t: f"{t[good]} {tok.decode(t[good])!r}" if good < len(t) else "end"  # noqa
+            print(
+                f"  first divergence at generated token {good}: ours {show(ours)}, transformers "
+                f"{show(ref)}, top-2 margin there {float(margins[min(good, len(margins) - 1)]):.4f}"
+            )
         elif name == SMOLLM2:
             print(f"  -> {tok.decode(ours)!r}")
     return matched, total, min(margins_seen)
@@ -149,8 +154,10 @@ def main() -> int:
     print(f"{'model':14s} {'prompt':28s} {'tokens':>6s} {'match':>5s} {'margin':>7s} {'tok/s':>7s}")
     results = [check(name, texts, n=32) for name in PARITY_MODELS]
     matched, total = sum(r[0] for r in results), sum(r[1] for r in results)
-    print(f"parity: models={len(results)} prompts={len(texts)} tokens={matched}/{total} "
-          f"min_margin={min(r[2] for r in results):.4f}")  # fmt: skip
+    print(
+        f"parity: models={len(results)} prompts={len(texts)} tokens={matched}/{total} "
+        f"min_margin={min(r[2] for r in results):.4f}"
+    )
     return 0 if matched == total else 1
 
 

@@ -44,8 +44,10 @@ def run_request(model, req: Req, eos: List[int], trace: bool = False, tok=None) 
         outputs.append(token)
         if trace:
             span = f"{start}..{end - 1}" if end - start > 1 else f"{start}"
-            print(f"{len(outputs) - 1:4d}  {batch.phase:7s} {before[0]:6d} {before[1]:6d} "
-                  f"{before[2]:6d} {before[3]:6d}  {span:9s} {tok.decode([token])!r}")  # fmt: skip
+            print(
+                f"{len(outputs) - 1:4d}  {batch.phase:7s} {before[0]:6d} {before[1]:6d} "
+                f"{before[2]:6d} {before[3]:6d}  {span:9s} {tok.decode([token])!r}"
+            )
         if token in eos or not req.can_decode:
             return outputs
 
@@ -55,9 +57,18 @@ def walk_one_request() -> None:
     model, tok = step0.Step0Model(ensure_model(DEMO_MODEL)), load_tokenizer(DEMO_MODEL)
     prompt = tok("The capital of France is").input_ids
     params = SamplingParams(max_tokens=6)
-    req = Req(input_ids=torch.tensor(prompt, dtype=torch.int32), table_idx=0, cached_len=0,
-              output_len=params.max_tokens, uid=0, sampling_params=params, cache_handle=None)  # fmt: skip
-    print(f"prompt: {len(prompt)} tokens, max_tokens={params.max_tokens}, greedy={params.is_greedy}")
+    req = Req(
+        input_ids=torch.tensor(prompt, dtype=torch.int32),
+        table_idx=0,
+        cached_len=0,
+        output_len=params.max_tokens,
+        uid=0,
+        sampling_params=params,
+        cache_handle=None,
+    )
+    print(
+        f"prompt: {len(prompt)} tokens, max_tokens={params.max_tokens}, greedy={params.is_greedy}"
+    )
     print("step  phase   cached device extend remain  computes  sampled")
     run_request(model, req, eos_ids(DEMO_MODEL), trace=True, tok=tok)
     print(f"done:  {req}")
@@ -69,8 +80,15 @@ def generate(name: str, prompts: List[List[int]], n: int) -> List[List[int]]:
     outputs = []
     for uid, prompt in enumerate(prompts):
         params = SamplingParams(max_tokens=n)
-        req = Req(input_ids=torch.tensor(prompt, dtype=torch.int32), table_idx=0, cached_len=0,
-                  output_len=n, uid=uid, sampling_params=params, cache_handle=None)  # fmt: skip
+        req = Req(
+            input_ids=torch.tensor(prompt, dtype=torch.int32),
+            table_idx=0,
+            cached_len=0,
+            output_len=n,
+            uid=uid,
+            sampling_params=params,
+            cache_handle=None,
+        )
         outputs.append(run_request(model, req, eos))
     return outputs
 

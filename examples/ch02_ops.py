@@ -57,8 +57,14 @@ def compare_ops() -> None:
     fused = RMSNormFused(576, 1e-5)
     fused.weight = hf_norm.weight.data
     residual = torch.randn(7, 576)
-    rows.append(("RMSNormFused(576)", "x + residual, LlamaRMSNorm", fused.forward(x, residual)[0],
-                 hf_norm(x + residual)))  # fmt: skip
+    rows.append(
+        (
+            "RMSNormFused(576)",
+            "x + residual, LlamaRMSNorm",
+            fused.forward(x, residual)[0],
+            hf_norm(x + residual),
+        )
+    )
     heads = torch.randn(7, 4, 128)
     hf_qnorm = Qwen3RMSNorm(128, eps=1e-6)
     hf_qnorm.weight.data.normal_()
@@ -68,14 +74,35 @@ def compare_ops() -> None:
     qnorm.forward_inplace(inplace)
     rows.append(("RMSNorm(128) in place", "Qwen3RMSNorm (q_norm)", inplace, hf_qnorm(heads)))
     gate_up = torch.randn(7, 2 * 1536)
-    rows.append(("silu_and_mul", "silu(gate) * up", silu_and_mul(gate_up),
-                 torch.nn.functional.silu(gate_up[:, :1536]) * gate_up[:, 1536:]))  # fmt: skip
-    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
-    for name, params in [("default", {"rope_type": "default", "rope_theta": 1e6}), ("llama3", llama3),
-                         ("linear", {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0})]:  # fmt: skip
-        config = LlamaConfig(hidden_size=512, num_attention_heads=4, num_key_value_heads=2,
-                             head_dim=128, rope_parameters=params, max_position_embeddings=4096)  # fmt: skip
+    rows.append(
+        (
+            "silu_and_mul",
+            "silu(gate) * up",
+            silu_and_mul(gate_up),
+            torch.nn.functional.silu(gate_up[:, :1536]) * gate_up[:, 1536:],
+        )
+    )
+    llama3 = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    for name, params in [
+        ("default", {"rope_type": "default", "rope_theta": 1e6}),
+        ("llama3", llama3),
+        ("linear", {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}),
+    ]:
+        config = LlamaConfig(
+            hidden_size=512,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=128,
+            rope_parameters=params,
+            max_position_embeddings=4096,
+        )
         positions = torch.tensor([0, 1, 5, 63, 64, 300, 4095])
         q, k = torch.randn(1, 4, 7, 128), torch.randn(1, 2, 7, 128)
         cos, sin = LlamaRotaryEmbedding(config)(q, positions[None])
@@ -91,8 +118,14 @@ def compare_ops() -> None:
             k[0].transpose(0, 1).reshape(7, -1).clone(),
         )
         rope.forward(positions, q_ours, k_ours)
-        rows.append((f"RoPE {name}", "LlamaRotaryEmbedding", q_ours.view(7, 4, 128),
-                     q_hf[0].transpose(0, 1)))  # fmt: skip
+        rows.append(
+            (
+                f"RoPE {name}",
+                "LlamaRotaryEmbedding",
+                q_ours.view(7, 4, 128),
+                q_hf[0].transpose(0, 1),
+            )
+        )
     print(f"{'op':24s} {'transformers reference':30s} {'max |difference|':>16s}")
     for op, ref, a, b in rows:
         print(f"{op:24s} {ref:30s} {float((a - b).abs().max()):16.3g}")
@@ -111,15 +144,25 @@ class HandWiredDecoder(BaseOP):
         has_bias = c.get("attention_bias", False) or c["model_type"] == "qwen2"
         rope = c["rope_parameters"]
         scaling = tuple((k, v) for k, v in rope.items() if k != "rope_theta")
-        self.rope = get_rope(self.head_dim, self.head_dim, c["max_position_embeddings"],
-                             rope["rope_theta"], None if rope["rope_type"] == "default" else scaling)  # fmt: skip
+        self.rope = get_rope(
+            self.head_dim,
+            self.head_dim,
+            c["max_position_embeddings"],
+            rope["rope_theta"],
+            None if rope["rope_type"] == "default" else scaling,
+        )
         self.embed = VocabParallelEmbedding(vocab, hidden)
-        self.layers = OPList([_Layer(c, hidden, heads, self.num_kv_heads, self.head_dim, inter, eps,
-                                     has_bias) for _ in range(layers)])  # fmt: skip
+        self.layers = OPList(
+            [
+                _Layer(c, hidden, heads, self.num_kv_heads, self.head_dim, inter, eps, has_bias)
+                for _ in range(layers)
+            ]
+        )
         self.norm = RMSNormFused(hidden, eps)
         tied = c.get("tie_word_embeddings", False)
-        self.head = ParallelLMHead(vocab, hidden, tie_word_embeddings=tied,
-                                   tied_embedding=self.embed if tied else None)  # fmt: skip
+        self.head = ParallelLMHead(
+            vocab, hidden, tie_word_embeddings=tied, tied_embedding=self.embed if tied else None
+        )
         self.load_state_dict(_rename(load_file(model_dir / "model.safetensors"), layers))
 
     def forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
@@ -170,8 +213,17 @@ class HandWiredDecoder(BaseOP):
 
 
 class _Layer(BaseOP):
-    def __init__(self, c: Dict, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int,
-                 eps: float, has_bias: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        c: Dict,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        inter: int,
+        eps: float,
+        has_bias: bool,
+    ) -> None:
         self.input_layernorm = RMSNormFused(hidden, eps)
         self.qkv = LinearQKVMerged(hidden, head_dim, heads, kv_heads, has_bias)
         qk_norm = c["model_type"] == "qwen3"
@@ -185,13 +237,15 @@ class _Layer(BaseOP):
 
 def _rename(weights: Dict[str, torch.Tensor], layers: int) -> Dict[str, torch.Tensor]:
     """Checkpoint names -> our ops' names, merging q/k/v and gate/up into one matrix each."""
-    out = {"embed.weight": weights.pop("model.embed_tokens.weight"),
-           "norm.weight": weights.pop("model.norm.weight")}  # fmt: skip
+    out = {
+        "embed.weight": weights.pop("model.embed_tokens.weight"),
+        "norm.weight": weights.pop("model.norm.weight"),
+    }
     if "lm_head.weight" in weights:
         out["head.weight"] = weights.pop("lm_head.weight")
     for i in range(layers):
         p, o = f"model.layers.{i}.", f"layers.{i}."
-        take = lambda name: weights.pop(p + name)  # noqa: E731
+        take = lambda name, p=p: weights.pop(p + name)
         for kind in ("weight", "bias"):
             if p + f"self_attn.q_proj.{kind}" in weights:
                 out[o + f"qkv.{kind}"] = torch.cat(

@@ -47,8 +47,10 @@ def forward_sequences(model: BaseLLMModel, sequences: List[List[int]]) -> torch.
 def compare_logits() -> None:
     from transformers import AutoModelForCausalLM
 
-    print(f"{'model':14s} {'architecture':20s} {'layers':>6s} {'q/kv heads':>10s} {'head_dim':>8s} "
-          f"{'tied':>5s} {'rope':>8s} {'tensors':>7s} {'max |logit diff|':>17s}")  # fmt: skip
+    print(
+        f"{'model':14s} {'architecture':20s} {'layers':>6s} {'q/kv heads':>10s} {'head_dim':>8s} "
+        f"{'tied':>5s} {'rope':>8s} {'tensors':>7s} {'max |logit diff|':>17s}"
+    )
     for name in PARITY_MODELS:
         config, model, count = build(name)
         prompt = build_prompts(name)[2]  # the chat prompt: the longest
@@ -59,9 +61,11 @@ def compare_logits() -> None:
             theirs = hf(torch.tensor([prompt], device=book_device())).logits[0]
         rope = (config.rotary_config.scaling or {}).get("rope_type", "default")
         diff = float((ours.float() - theirs.float()).abs().max())
-        print(f"{name:14s} {config.architectures[0]:20s} {config.num_layers:6d} "
-              f"{config.num_qo_heads:>5d}/{config.num_kv_heads:<4d} {config.head_dim:8d} "
-              f"{str(config.tie_word_embeddings):>5s} {rope:>8s} {count:7d} {diff:17.2e}")  # fmt: skip
+        print(
+            f"{name:14s} {config.architectures[0]:20s} {config.num_layers:6d} "
+            f"{config.num_qo_heads:>5d}/{config.num_kv_heads:<4d} {config.head_dim:8d} "
+            f"{str(config.tie_word_embeddings):>5s} {rope:>8s} {count:7d} {diff:17.2e}"
+        )
         assert diff < 1e-3 or book_dtype() != torch.float32, f"{name}: logits differ by {diff}"
     print(f"(each over all {len(prompt)} positions of the chat prompt; {str(book_dtype())[6:]})\n")
 

@@ -55,7 +55,9 @@ def prepare_batch(reqs: List[Req], phase: str, allocator: PageAllocator) -> Batc
     batch.padded_reqs = reqs
     batch.input_ids = torch.cat([r.input_ids[r.cached_len : r.device_len] for r in reqs])
     batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs])
-    batch.out_loc = torch.cat([allocator.slots_for(r.table_idx, r.cached_len, r.device_len) for r in reqs])
+    batch.out_loc = torch.cat(
+        [allocator.slots_for(r.table_idx, r.cached_len, r.device_len) for r in reqs]
+    )
     device = allocator.page_table.device  # where the engine runs
     batch.input_ids, batch.positions = batch.input_ids.to(device), batch.positions.to(device)
     batch.out_loc = batch.out_loc.to(device)
@@ -65,8 +67,11 @@ def prepare_batch(reqs: List[Req], phase: str, allocator: PageAllocator) -> Batc
 def show_layout() -> None:
     config = ModelConfig.from_hf(cached_load_hf_config(str(ensure_model(DEMO_MODEL))))
     per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
-    print(f"SmolLM2-135M: 2 (K, V) x {config.num_layers} layers x {config.num_kv_heads} kv heads x "
-          f"{config.head_dim} dims x 4 bytes = {per_token} bytes ({per_token / 1024:.1f} KiB) per token")  # fmt: skip
+    print(
+        f"SmolLM2-135M: 2 (K, V) x {config.num_layers} layers x {config.num_kv_heads} kv heads x "
+        f"{config.head_dim} dims x 4 bytes = {per_token} bytes ({per_token / 1024:.1f} KiB) per "
+        "token"
+    )
     lengths = [5, 9, 3]
     for page_size in (1, 4, 16):
         table = torch.zeros(3, 16, dtype=torch.int32)
@@ -75,11 +80,15 @@ def show_layout() -> None:
             allocator.slots_for(slot, 0, length)
         used = sum(len(p) for p in allocator.pages.values())
         waste = used * page_size - sum(lengths)
-        print(f"\npage_size={page_size:<2d}: requests of {lengths} tokens take {used} pages "
-              f"({used * page_size} slots, {waste} unused)")  # fmt: skip
+        print(
+            f"\npage_size={page_size:<2d}: requests of {lengths} tokens take {used} pages "
+            f"({used * page_size} slots, {waste} unused)"
+        )
         for slot, length in enumerate(lengths):
-            print(f"  request {slot}: pages {allocator.pages[slot]}, page table row "
-                  f"{table[slot, :length].tolist()}")  # fmt: skip
+            print(
+                f"  request {slot}: pages {allocator.pages[slot]}, page table row "
+                f"{table[slot, :length].tolist()}"
+            )
     print()
 
 
@@ -93,9 +102,18 @@ def generate(name: str, prompts: List[List[int]], n: int, page_size: int = 4) ->
     ctx.kv_cache = create_kvcache_pool(config, num_pages, page_size, book_dtype(), device)
     ctx.page_table = torch.zeros(len(prompts), max_len, dtype=torch.int32, device=device)
     allocator = PageAllocator(num_pages, page_size, ctx.page_table)
-    reqs = [Req(input_ids=torch.tensor(p, dtype=torch.int32), table_idx=i, cached_len=0,
-                output_len=n, uid=i, sampling_params=SamplingParams(max_tokens=n),
-                cache_handle=None) for i, p in enumerate(prompts)]  # type: ignore[arg-type]  # fmt: skip
+    reqs = [
+        Req(
+            input_ids=torch.tensor(p, dtype=torch.int32),
+            table_idx=i,
+            cached_len=0,
+            output_len=n,
+            uid=i,
+            sampling_params=SamplingParams(max_tokens=n),
+            cache_handle=None,
+        )
+        for i, p in enumerate(prompts)
+    ]  # type: ignore[arg-type]
     eos, running, phase = set(eos_ids(name)), list(reqs), "prefill"
     outputs: Dict[int, List[int]] = {r.uid: [] for r in reqs}
     while running:

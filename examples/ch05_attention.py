@@ -24,12 +24,20 @@ ch04 = load_example("examples/ch04_kvpool.py")
 
 
 def make_req(tokens: List[int], slot: int, cached_len: int = 0, output_len: int = 1) -> Req:
-    return Req(input_ids=torch.tensor(tokens, dtype=torch.int32), table_idx=slot,
-               cached_len=cached_len, output_len=output_len, uid=slot,
-               sampling_params=SamplingParams(max_tokens=output_len), cache_handle=None)  # type: ignore[arg-type]  # fmt: skip
+    return Req(
+        input_ids=torch.tensor(tokens, dtype=torch.int32),
+        table_idx=slot,
+        cached_len=cached_len,
+        output_len=output_len,
+        uid=slot,
+        sampling_params=SamplingParams(max_tokens=output_len),
+        cache_handle=None,
+    )  # type: ignore[arg-type]
 
 
-def setup(name: str, num_pages: int, page_size: int, rows: int, max_len: int, backend: str = "torch"):
+def setup(
+    name: str, num_pages: int, page_size: int, rows: int, max_len: int, backend: str = "torch"
+):
     config, model, _ = ch04.ch03.build(name)
     ctx = get_global_ctx()
     ctx.page_size = page_size
@@ -52,15 +60,22 @@ def show_ragged_batch() -> None:
     # ... which the second request reuses: its page-table row starts with the same slots
     ctx.page_table[1, :4] = ctx.page_table[0, :4]
     allocator.pages[1] = list(allocator.pages[0][:1])  # the page that holds the prefix
-    reqs = [make_req([7, 8, 9, 10, 11], slot=2), make_req(shared + [66, 77, 88], slot=1, cached_len=4),
-            make_req([5, 6], slot=3)]  # fmt: skip
+    reqs = [
+        make_req([7, 8, 9, 10, 11], slot=2),
+        make_req(shared + [66, 77, 88], slot=1, cached_len=4),
+        make_req([5, 6], slot=3),
+    ]
     batch = ch04.prepare_batch(reqs, "prefill", allocator)
     ctx.attn_backend.prepare_metadata(batch)
     meta = batch.attn_metadata
-    print(f"prefill batch: new tokens {[r.extend_len for r in reqs]}, cached prefix "
-          f"{[r.cached_len for r in reqs]}, total length {[r.device_len for r in reqs]}")  # fmt: skip
-    print(f"cu_seqlens_q = {meta.cu_seqlens_q.tolist()}   last token of each request: "
-          f"{meta.get_last_indices(3).tolist()}")  # fmt: skip
+    print(
+        f"prefill batch: new tokens {[r.extend_len for r in reqs]}, cached prefix "
+        f"{[r.cached_len for r in reqs]}, total length {[r.device_len for r in reqs]}"
+    )
+    print(
+        f"cu_seqlens_q = {meta.cu_seqlens_q.tolist()}   last token of each request: "
+        f"{meta.get_last_indices(3).tolist()}"
+    )
     print(f"positions    = {batch.positions.tolist()}")
     print(f"out_loc      = {batch.out_loc.tolist()}")
     print(f"kv slots of request 1 (page-table row): {meta.kv_slots[1].tolist()}")
@@ -68,7 +83,9 @@ def show_ragged_batch() -> None:
     print("        " + " ".join(f"k{j}" for j in range(reqs[1].device_len)))
     for i in range(reqs[1].extend_len):
         row = meta.mask[1, 0, i, : reqs[1].device_len]
-        print(f"  q{reqs[1].cached_len + i:<4d} " + "  ".join("x" if s else "." for s in row.tolist()))
+        print(
+            f"  q{reqs[1].cached_len + i:<4d} " + "  ".join("x" if s else "." for s in row.tolist())
+        )
     print()
 
 

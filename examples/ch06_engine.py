@@ -21,12 +21,21 @@ from minisgl.core import Batch, Req, SamplingParams  # noqa: E402
 from minisgl.distributed import DistributedInfo  # noqa: E402
 from minisgl.engine import Engine, EngineConfig  # noqa: E402
 from tools.models import DEMO_MODEL, ensure_model  # noqa: E402
-from tools.parity import book_dtype, build_prompts, eos_ids, load_example, load_tokenizer, run_parity  # noqa: E402
+from tools.parity import (
+    book_dtype,
+    build_prompts,
+    eos_ids,
+    load_example,
+    load_tokenizer,
+    run_parity,
+)  # noqa: E402
 
 ch04 = load_example("examples/ch04_kvpool.py")
 
 
-def make_engine(name: str, num_pages: int = 256, page_size: int = 16, max_running_req: int = 8) -> Engine:
+def make_engine(
+    name: str, num_pages: int = 256, page_size: int = 16, max_running_req: int = 8
+) -> Engine:
     config = EngineConfig(
         model_path=str(ensure_model(name)),
         tp_info=DistributedInfo(0, 1),
@@ -53,13 +62,27 @@ def step(engine: Engine, reqs: List[Req], phase: str, allocator) -> List[int]:
     return tokens
 
 
-def run(engine: Engine, prompts: List[List[int]], params: List[SamplingParams], eos: List[int],
-        trace=None) -> List[List[int]]:  # fmt: skip
+def run(
+    engine: Engine,
+    prompts: List[List[int]],
+    params: List[SamplingParams],
+    eos: List[int],
+    trace=None,
+) -> List[List[int]]:
     """Prefill every request in one batch, then decode the unfinished ones together."""
     allocator = ch04.PageAllocator(engine.num_pages, engine.ctx.page_size, engine.page_table)
-    reqs = [Req(input_ids=torch.tensor(p, dtype=torch.int32), table_idx=i, cached_len=0,
-                output_len=sp.max_tokens, uid=i, sampling_params=sp, cache_handle=None)  # type: ignore[arg-type]
-            for i, (p, sp) in enumerate(zip(prompts, params))]  # fmt: skip
+    reqs = [
+        Req(
+            input_ids=torch.tensor(p, dtype=torch.int32),
+            table_idx=i,
+            cached_len=0,
+            output_len=sp.max_tokens,
+            uid=i,
+            sampling_params=sp,
+            cache_handle=None,
+        )  # type: ignore[arg-type]
+        for i, (p, sp) in enumerate(zip(prompts, params))
+    ]
     outputs: Dict[int, List[int]] = {r.uid: [] for r in reqs}
     running, phase = list(reqs), "prefill"
     while running:
@@ -67,8 +90,11 @@ def run(engine: Engine, prompts: List[List[int]], params: List[SamplingParams], 
             trace(phase, running)
         for req, token in zip(running, step(engine, running, phase, allocator)):
             outputs[req.uid].append(token)
-        finished = [r for r in running if (outputs[r.uid][-1] in eos and not r.sampling_params.ignore_eos)
-                    or not r.can_decode]  # fmt: skip
+        finished = [
+            r
+            for r in running
+            if (outputs[r.uid][-1] in eos and not r.sampling_params.ignore_eos) or not r.can_decode
+        ]
         for req in finished:
             allocator.release(req.table_idx)
         running, phase = [r for r in running if r not in finished], "decode"
@@ -78,12 +104,17 @@ def run(engine: Engine, prompts: List[List[int]], params: List[SamplingParams], 
 def hand_made_batch() -> None:
     engine = make_engine(DEMO_MODEL)
     tok = load_tokenizer(DEMO_MODEL)
-    print(f"engine: {engine.num_pages} pages of {engine.ctx.page_size} tokens, page table "
-          f"{tuple(engine.page_table.shape)}, backend {type(engine.attn_backend).__name__}, "
-          f"device {engine.device.type}")  # fmt: skip
+    print(
+        f"engine: {engine.num_pages} pages of {engine.ctx.page_size} tokens, page table "
+        f"{tuple(engine.page_table.shape)}, backend {type(engine.attn_backend).__name__}, "
+        f"device {engine.device.type}"
+    )
     prompts = build_prompts(DEMO_MODEL)
-    params = [SamplingParams(max_tokens=4), SamplingParams(max_tokens=7),
-              SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_tokens=8)]  # fmt: skip
+    params = [
+        SamplingParams(max_tokens=4),
+        SamplingParams(max_tokens=7),
+        SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_tokens=8),
+    ]
 
     def trace(phase: str, running: List[Req]) -> None:
         lens = ", ".join(f"r{r.uid}: {r.cached_len}+{r.extend_len}" for r in running)

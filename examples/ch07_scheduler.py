@@ -34,7 +34,9 @@ class ScriptedScheduler(Scheduler):
     `arrivals` lists (step, request); a step is one turn of the scheduler's loop.
     """
 
-    def __init__(self, config: SchedulerConfig, arrivals: List[Tuple[int, UserMsg]], trace: bool = False) -> None:
+    def __init__(
+        self, config: SchedulerConfig, arrivals: List[Tuple[int, UserMsg]], trace: bool = False
+    ) -> None:
         super().__init__(config)
         self.arrivals = sorted(arrivals, key=lambda a: a[0])
         self.step = -1
@@ -63,8 +65,11 @@ class ScriptedScheduler(Scheduler):
         if self.trace:
             batch = forward_input.batch
             parts = ", ".join(f"r{r.uid}:{r.extend_len}" for r in batch.reqs)
-            print(f"{self.step:4d}  {batch.phase:7s} {batch.size:5d}  {len(self.prefill_manager.pending_list):7d}"
-                  f"  {self.cache_manager.available_size:10d}  {parts}")  # fmt: skip
+            print(
+                f"{self.step:4d}  {batch.phase:7s} {batch.size:5d}  "
+                f"{len(self.prefill_manager.pending_list):7d}"
+                f"  {self.cache_manager.available_size:10d}  {parts}"
+            )
         return super()._forward(forward_input)
 
     def run(self) -> Dict[int, List[int]]:
@@ -76,22 +81,47 @@ class ScriptedScheduler(Scheduler):
 
 
 def make_config(name: str, **kwargs) -> SchedulerConfig:
-    base = dict(model_path=str(ensure_model(name)), tp_info=DistributedInfo(0, 1), dtype=book_dtype(),
-                max_running_req=16, page_size=1, num_page_override=4096)  # fmt: skip
+    base = dict(
+        model_path=str(ensure_model(name)),
+        tp_info=DistributedInfo(0, 1),
+        dtype=book_dtype(),
+        max_running_req=16,
+        page_size=1,
+        num_page_override=4096,
+    )
     base.update(kwargs)
     return SchedulerConfig(**base)
 
 
 def user_msg(uid: int, prompt: List[int], max_tokens: int, **params) -> UserMsg:
-    return UserMsg(uid, torch.tensor(prompt, dtype=torch.int32), SamplingParams(max_tokens=max_tokens, **params))
+    return UserMsg(
+        uid,
+        torch.tensor(prompt, dtype=torch.int32),
+        SamplingParams(max_tokens=max_tokens, **params),
+    )
 
 
 def show_continuous_batching() -> None:
     tok = load_tokenizer(DEMO_MODEL)
-    texts = ["The capital of France is", "Water boils at", "def add(a, b):", "The sky is", "One, two,"]
+    texts = [
+        "The capital of France is",
+        "Water boils at",
+        "def add(a, b):",
+        "The sky is",
+        "One, two,",
+    ]
     steps, budgets = [0, 0, 3, 4, 9], [6, 3, 5, 4, 3]
-    arrivals = [(s, user_msg(i, tok(t).input_ids, n)) for i, (t, s, n) in enumerate(zip(texts, steps, budgets))]
-    print("requests: " + "; ".join(f"r{i} arrives at step {s}, max_tokens={n}" for i, (s, n) in enumerate(zip(steps, budgets))))
+    arrivals = [
+        (s, user_msg(i, tok(t).input_ids, n))
+        for i, (t, s, n) in enumerate(zip(texts, steps, budgets))
+    ]
+    print(
+        "requests: "
+        + "; ".join(
+            f"r{i} arrives at step {s}, max_tokens={n}"
+            for i, (s, n) in enumerate(zip(steps, budgets))
+        )
+    )
     print("step  phase    reqs  waiting  free slots  (request:new tokens)")
     sched = ScriptedScheduler(make_config(DEMO_MODEL), arrivals, trace=True)
     outputs = sched.run()

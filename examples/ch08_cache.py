@@ -22,8 +22,14 @@ ch07 = load_example("examples/ch07_scheduler.py")
 
 def show_memory_pressure() -> None:
     tok = load_tokenizer(DEMO_MODEL)
-    texts = ["The capital of France is", "Water boils at", "def add(a, b):", "The sky is",
-             "One, two,", "My favourite fruit is"]  # fmt: skip
+    texts = [
+        "The capital of France is",
+        "Water boils at",
+        "def add(a, b):",
+        "The sky is",
+        "One, two,",
+        "My favourite fruit is",
+    ]
     msgs = [ch07.user_msg(i, tok(t).input_ids, 12) for i, t in enumerate(texts)]
     needs = [len(m.input_ids) + m.sampling_params.max_tokens for m in msgs]
     print(f"6 requests need {needs} token slots (prompt + max_tokens); the pool has 16 pages of 4")
@@ -32,14 +38,18 @@ def show_memory_pressure() -> None:
     sched = ch07.ScriptedScheduler(config, [(0, m) for m in msgs], trace=True)
     outputs = sched.run()
     sched.cache_manager.check_integrity()
-    print(f"all done; integrity check passed: {len(sched.cache_manager.free_slots)} of "
-          f"{sched.cache_manager.num_pages} pages free")  # fmt: skip
+    print(
+        f"all done; integrity check passed: {len(sched.cache_manager.free_slots)} of "
+        f"{sched.cache_manager.num_pages} pages free"
+    )
     sched.shutdown()
     for page_size in (1, 16):
-        config = ch07.make_config(DEMO_MODEL, page_size=page_size, num_page_override=64 // page_size,
-                                  cache_type="naive")  # fmt: skip
-        other = ch07.ScriptedScheduler(config, [(0, ch07.user_msg(i, tok(t).input_ids, 12))
-                                                for i, t in enumerate(texts)])  # fmt: skip
+        config = ch07.make_config(
+            DEMO_MODEL, page_size=page_size, num_page_override=64 // page_size, cache_type="naive"
+        )
+        other = ch07.ScriptedScheduler(
+            config, [(0, ch07.user_msg(i, tok(t).input_ids, 12)) for i, t in enumerate(texts)]
+        )
         same = other.run() == outputs
         other.cache_manager.check_integrity()
         print(f"page_size={page_size:<2d} (64 slots): same tokens as page_size=4: {same}")
@@ -52,7 +62,9 @@ def generate(name: str, prompts: List[List[int]], n: int) -> List[List[int]]:
     longest = max(len(p) for p in prompts) + n
     pages = -(-longest // 16) + 1
     config = ch07.make_config(name, page_size=16, num_page_override=pages, cache_type="naive")
-    sched = ch07.ScriptedScheduler(config, [(0, ch07.user_msg(i, p, n)) for i, p in enumerate(prompts)])
+    sched = ch07.ScriptedScheduler(
+        config, [(0, ch07.user_msg(i, p, n)) for i, p in enumerate(prompts)]
+    )
     try:
         outputs = sched.run()
         sched.cache_manager.check_integrity()

@@ -19,11 +19,20 @@ from tools.parity import load_example, load_tokenizer, run_parity  # noqa: E402
 
 ch07 = load_example("examples/ch07_scheduler.py")
 
-SYSTEM = ("You are a patient teacher. Answer in one short sentence, use simple words, and never "
-          "repeat the question. If you do not know, say so.")  # fmt: skip
-QUESTIONS = ["What is the capital of France?", "Why is the sky blue?", "What is 7 times 8?",
-             "Who wrote Hamlet?", "What do bees make?", "How many legs does a spider have?",
-             "What is ice made of?", "Which planet is the largest?"]  # fmt: skip
+SYSTEM = (
+    "You are a patient teacher. Answer in one short sentence, use simple words, and never "
+    "repeat the question. If you do not know, say so."
+)
+QUESTIONS = [
+    "What is the capital of France?",
+    "Why is the sky blue?",
+    "What is 7 times 8?",
+    "Who wrote Hamlet?",
+    "What do bees make?",
+    "How many legs does a spider have?",
+    "What is ice made of?",
+    "Which planet is the largest?",
+]
 
 
 class CountingScheduler(ch07.ScriptedScheduler):
@@ -39,14 +48,18 @@ class CountingScheduler(ch07.ScriptedScheduler):
 
 def run(cache_type: str, prompts: List[List[int]], page_size: int = 1):
     arrivals = [(2 * i, ch07.user_msg(i, p, 10)) for i, p in enumerate(prompts)]
-    config = ch07.make_config(DEMO_MODEL, cache_type=cache_type, page_size=page_size, num_page_override=2048 // page_size)
+    config = ch07.make_config(
+        DEMO_MODEL, cache_type=cache_type, page_size=page_size, num_page_override=2048 // page_size
+    )
     sched = CountingScheduler(config, arrivals)
     outputs = sched.run()
     sched.cache_manager.check_integrity()
     return sched, outputs
 
 
-def describe_tree(node: RadixTreeNode, tok, depth: int = 0, lines: List[str] | None = None) -> List[str]:
+def describe_tree(
+    node: RadixTreeNode, tok, depth: int = 0, lines: List[str] | None = None
+) -> List[str]:
     lines = [] if lines is None else lines
     for child in sorted(node.children.values(), key=lambda n: n.uuid):
         text = tok.decode(child._key.tolist())
@@ -58,20 +71,30 @@ def describe_tree(node: RadixTreeNode, tok, depth: int = 0, lines: List[str] | N
 
 def show_reuse() -> None:
     tok = load_tokenizer(DEMO_MODEL)
-    prompts = [tok.apply_chat_template([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
-                                       add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-               for q in QUESTIONS]  # fmt: skip
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+        )["input_ids"]
+        for q in QUESTIONS
+    ]
     total = sum(len(p) for p in prompts)
     print(f"8 prompts, {total} prompt tokens in all, each arriving 2 steps after the previous one")
     results: Dict[str, Dict[int, List[int]]] = {}
     for cache_type in ("naive", "radix"):
         sched, results[cache_type] = run(cache_type, prompts)
-        print(f"{cache_type:5s} cache: {sched.computed:4d} prompt tokens computed "
-              f"({total - sched.computed} reused)")  # fmt: skip
+        print(
+            f"{cache_type:5s} cache: {sched.computed:4d} prompt tokens computed "
+            f"({total - sched.computed} reused)"
+        )
         if cache_type == "radix":
             assert isinstance(sched.cache_manager.prefix_cache, RadixPrefixCache)
             info = sched.cache_manager.prefix_cache.size_info
-            print(f"the tree after the workload ({info.total_size} cached tokens, all evictable now):")
+            print(
+                f"the tree after the workload ({info.total_size} cached tokens, all evictable now):"
+            )
             for line in describe_tree(sched.cache_manager.prefix_cache.root_node, tok)[:12]:
                 print("  " + line)
         sched.shutdown()

@@ -18,18 +18,22 @@ from tools.parity import load_example, load_tokenizer, run_parity  # noqa: E402
 
 ch07 = load_example("examples/ch07_scheduler.py")
 
-STORY = ("Once upon a time, in a village between two rivers, there lived a baker who rose every "
-         "morning before the sun. She baked bread for the whole village, and every loaf was a "
-         "little different, because she liked to try new things: seeds, herbs, a pinch of honey. "
-         "One winter the rivers froze, the roads closed, and no flour came for weeks. ")  # fmt: skip
+STORY = (
+    "Once upon a time, in a village between two rivers, there lived a baker who rose every "
+    "morning before the sun. She baked bread for the whole village, and every loaf was a "
+    "little different, because she liked to try new things: seeds, herbs, a pinch of honey. "
+    "One winter the rivers froze, the roads closed, and no flour came for weeks. "
+)
 
 
 def show_chunks() -> None:
     tok = load_tokenizer(DEMO_MODEL)
     long_prompt = tok(STORY + "What did the baker do when the flour ran out?").input_ids
-    arrivals = [(0, ch07.user_msg(0, tok("The capital of France is").input_ids, 12)),
-                (0, ch07.user_msg(1, tok("Water boils at").input_ids, 12)),
-                (2, ch07.user_msg(2, long_prompt, 6))]  # fmt: skip
+    arrivals = [
+        (0, ch07.user_msg(0, tok("The capital of France is").input_ids, 12)),
+        (0, ch07.user_msg(1, tok("Water boils at").input_ids, 12)),
+        (2, ch07.user_msg(2, long_prompt, 6)),
+    ]
     print(f"r2's prompt has {len(long_prompt)} tokens; a prefill batch computes at most 32")
     print("step  phase    reqs  waiting  free slots  (request:new tokens)")
     config = ch07.make_config(DEMO_MODEL, max_extend_tokens=32)
@@ -47,7 +51,9 @@ def show_chunks() -> None:
 def generate(name: str, prompts: List[List[int]], n: int) -> List[List[int]]:
     """A budget of 8 tokens: every prompt but the shortest is split, the chat prompt in 5."""
     arrivals = [(2 * i, ch07.user_msg(i, p, n)) for i, p in enumerate(prompts)]
-    sched = ch07.ScriptedScheduler(ch07.make_config(name, max_extend_tokens=8, page_size=4), arrivals)
+    sched = ch07.ScriptedScheduler(
+        ch07.make_config(name, max_extend_tokens=8, page_size=4), arrivals
+    )
     try:
         outputs = sched.run()
         sched.cache_manager.check_integrity()

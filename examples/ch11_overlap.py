@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 from typing import List
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 from minisgl.core import SamplingParams  # noqa: E402
@@ -34,9 +33,16 @@ SYSTEMS = [
     "go wrong and how to fix it. Suggest one variation for vegetarians and one for people in a "
     "hurry. Finish with a tip on serving. " * 5,
 ]
-QUESTIONS = ["Hi there!", "What is 2 + 2?", "Name a colour.", "Write a haiku about rain.",
-             "def square(x):", "Explain recursion in one line.", "How do I boil an egg?",
-             "List three prime numbers."]  # fmt: skip
+QUESTIONS = [
+    "Hi there!",
+    "What is 2 + 2?",
+    "Name a colour.",
+    "Write a haiku about rain.",
+    "def square(x):",
+    "Explain recursion in one line.",
+    "How do I boil an egg?",
+    "List three prime numbers.",
+]
 NEW_TOKENS = [1, 64, 5, 33, 2, 17, 48, 8, 64, 3, 24, 12]
 
 
@@ -84,7 +90,9 @@ def show_overlap_timeline() -> None:
                 events.append(f"process {batch.phase:7s} of {[r.uid for r in batch.reqs]}")
             super()._process_last_data(last_data)
 
-    llm = Tracing(str(ensure_model(DEMO_MODEL)), dtype=book_dtype(), max_running_req=4, num_page_override=256)
+    llm = Tracing(
+        str(ensure_model(DEMO_MODEL)), dtype=book_dtype(), max_running_req=4, num_page_override=256
+    )
     tok = load_tokenizer(DEMO_MODEL)
     out = llm.generate(["The capital of France is", "Water boils at"], SamplingParams(max_tokens=3))
     llm.shutdown()
@@ -98,7 +106,10 @@ def show_llm_generate() -> None:
     llm = make_llm(DEMO_MODEL)
     tok = load_tokenizer(DEMO_MODEL)
     prompts = ["The capital of France is", tok("def fibonacci(n):").input_ids]
-    params = [SamplingParams(max_tokens=12), SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12)]
+    params = [
+        SamplingParams(max_tokens=12),
+        SamplingParams(temperature=0.7, top_p=0.9, max_tokens=12),
+    ]
     for prompt, result in zip(prompts, llm.generate(prompts, params)):
         shown = prompt if isinstance(prompt, str) else f"token ids {prompt}"
         print(f"LLM.generate({shown!r}) -> {result['text']!r}")
@@ -137,8 +148,10 @@ def main() -> int:
     show_llm_generate()
     cases = mixed_cases(DEMO_MODEL)
     lengths, news = [len(c.prompt) for c in cases], [c.max_new_tokens for c in cases]
-    print(f"mixed workload: {len(cases)} prompts of {min(lengths)} to {max(lengths)} tokens, "
-          f"{min(news)} to {max(news)} new tokens; runs: page size 1 and 16")  # fmt: skip
+    print(
+        f"mixed workload: {len(cases)} prompts of {min(lengths)} to {max(lengths)} tokens, "
+        f"{min(news)} to {max(news)} new tokens; runs: page size 1 and 16"
+    )
     return 0 if run_parity_cases(generate, mixed_cases, runs=2).ok else 1
 
 

@@ -52,29 +52,51 @@ REPLY_TIMEOUT_S = 120  # a scheduler that sends nothing for this long is stuck
 def show_the_wire() -> None:
     """One message of each type: its size once packed, and whether it comes back equal."""
     # a 1000-token prompt with ids from a vocabulary of 151936 (Qwen's)
-    prompt = torch.randint(0, 151936, (1000,), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    prompt = torch.randint(
+        0, 151936, (1000,), dtype=torch.int32, generator=torch.Generator().manual_seed(0)
+    )
     samples = [
-        (BaseTokenizerMsg, TokenizeMsg(7, "The capital of France is", SamplingParams(max_tokens=16))),
+        (
+            BaseTokenizerMsg,
+            TokenizeMsg(7, "The capital of France is", SamplingParams(max_tokens=16)),
+        ),
         (BaseTokenizerMsg, TokenizeMsg(8, [{"role": "user", "content": "Hi!"}], SamplingParams())),
         (BaseBackendMsg, UserMsg(7, prompt, SamplingParams(temperature=0.7, top_p=0.9))),
         (BaseBackendMsg, BatchBackendMsg([AbortBackendMsg(3), ExitMsg()])),
-        (BaseTokenizerMsg, BatchTokenizerMsg([DetokenizeMsg(7, 4911, False), DetokenizeMsg(8, 2, True)])),
+        (
+            BaseTokenizerMsg,
+            BatchTokenizerMsg([DetokenizeMsg(7, 4911, False), DetokenizeMsg(8, 2, True)]),
+        ),
         (BaseTokenizerMsg, AbortMsg(7)),
         (BaseFrontendMsg, UserReply(7, " Paris", finished=False)),
-    ]  # fmt: skip
+    ]
     print(f"{'message':18s} {'bytes':>6s}  round trip")
     for family, msg in samples:
         raw = msgpack.packb(family.encoder(msg), use_bin_type=True)
         back = family.decoder(msgpack.unpackb(raw, raw=False))
-        same = back == msg if not isinstance(msg, UserMsg) else torch.equal(back.input_ids, msg.input_ids)
+        same = (
+            back == msg
+            if not isinstance(msg, UserMsg)
+            else torch.equal(back.input_ids, msg.input_ids)
+        )
         print(f"{type(msg).__name__:18s} {len(raw):6d}  {'equal' if same else 'DIFFERENT'}")
     as_list = len(msgpack.packb(prompt.tolist()))
-    print(f"the 1000-token prompt: {prompt.numel() * prompt.element_size()} bytes as raw int32 "
-          f"memory, {as_list} as a msgpack list of integers")  # fmt: skip
-    raw_us, list_us = (1e6 * timeit.timeit(fn, number=200) / 200 for fn in (
-        lambda: wire_copy(prompt.numpy().tobytes()),
-        lambda: torch.tensor(msgpack.unpackb(msgpack.packb(prompt.tolist())), dtype=torch.int32)))  # fmt: skip
-    print(f"packing and unpacking it: {raw_us:6.1f} us as raw memory, {list_us:6.1f} us as a list\n")
+    print(
+        f"the 1000-token prompt: {prompt.numel() * prompt.element_size()} bytes as raw int32 "
+        f"memory, {as_list} as a msgpack list of integers"
+    )
+    raw_us, list_us = (
+        1e6 * timeit.timeit(fn, number=200) / 200
+        for fn in (
+            lambda: wire_copy(prompt.numpy().tobytes()),
+            lambda: torch.tensor(
+                msgpack.unpackb(msgpack.packb(prompt.tolist())), dtype=torch.int32
+            ),
+        )
+    )
+    print(
+        f"packing and unpacking it: {raw_us:6.1f} us as raw memory, {list_us:6.1f} us as a list\n"
+    )
 
 
 def wire_copy(raw: bytes) -> torch.Tensor:
@@ -107,8 +129,14 @@ def serve(model_path: str, dtype: str, backend_addr: str, detokenizer_addr: str)
     """The scheduler process: runs until an ExitMsg arrives (or a signal, or its parent's
     death: make_stoppable)."""
     make_stoppable()
-    config = SchedulerConfig(model_path=model_path, tp_info=DistributedInfo(0, 1), dtype=getattr(torch, dtype),
-                             offline_mode=True, max_running_req=8, num_page_override=2048)  # fmt: skip
+    config = SchedulerConfig(
+        model_path=model_path,
+        tp_info=DistributedInfo(0, 1),
+        dtype=getattr(torch, dtype),
+        offline_mode=True,
+        max_running_req=8,
+        num_page_override=2048,
+    )
     scheduler = SocketScheduler(config, backend_addr, detokenizer_addr)
     try:
         scheduler.run_forever()
@@ -137,10 +165,16 @@ def generate_over(folder: str, name: str, prompts: List[List[int]], n: int) -> L
     try:
         with stopped_on_exit(scheduler):  # whatever happens here, the scheduler is gone after
             # sent before the scheduler has bound its socket: a PUSH socket keeps it until it has
-            requests.put(BatchBackendMsg([
-                UserMsg(uid, torch.tensor(p, dtype=torch.int32), SamplingParams(max_tokens=n))
-                for uid, p in enumerate(prompts)
-            ]))  # fmt: skip
+            requests.put(
+                BatchBackendMsg(
+                    [
+                        UserMsg(
+                            uid, torch.tensor(p, dtype=torch.int32), SamplingParams(max_tokens=n)
+                        )
+                        for uid, p in enumerate(prompts)
+                    ]
+                )
+            )
             running = set(outputs)
             while running:
                 reply = receive(replies, [scheduler], REPLY_TIMEOUT_S, "the scheduler's tokens")
@@ -167,7 +201,9 @@ def late_subscriber(addr: str, delay: float, received: List[int]) -> None:
 
 def broadcast(folder: str, num_subscribers: int) -> List[List[int]]:
     addr = f"{folder}/broadcast{num_subscribers}"
-    publisher = ZmqPubQueue(addr, create=True, encoder=BaseBackendMsg.encoder, num_subscribers=num_subscribers)
+    publisher = ZmqPubQueue(
+        addr, create=True, encoder=BaseBackendMsg.encoder, num_subscribers=num_subscribers
+    )
     received: List[List[int]] = [[], []]
     ranks = [threading.Thread(target=late_subscriber, args=(addr, 0.2, r)) for r in received]
     for rank in ranks:
@@ -202,9 +238,15 @@ def show_the_broadcast() -> None:
     with tempfile.TemporaryDirectory(prefix="minisgl-ch12-") as folder:
         for n, label in ((0, "a plain PUB (upstream)"), (2, "waiting for 2 subscribers")):
             received = broadcast(f"ipc://{folder}", n)
-            print(f"  {label:26s}: rank 1 got {len(received[0])} of 5, rank 2 got {len(received[1])} of 5")
+            print(
+                f"  {label:26s}: rank 1 got {len(received[0])} of 5, rank 2 got "
+                f"{len(received[1])} of 5"
+            )
         lost = connect_then_send(f"ipc://{folder}", 10)
-    print(f"  a plain PUB, sending right after the subscriber's connect() returned: lost {lost:2d} of 10\n")
+    print(
+        f"  a plain PUB, sending right after the subscriber's connect() returned: lost {lost:2d} "
+        "of 10\n"
+    )
 
 
 def main() -> int:

@@ -58,7 +58,9 @@ def show_streaming() -> None:
 
 def run_scheduler(model_path: str, dtype: str, backend_addr: str, detokenizer_addr: str) -> None:
     """The scheduler process of chapter 12's main."""
-    load_example("examples/ch12_messages.py").serve(model_path, dtype, backend_addr, detokenizer_addr)
+    load_example("examples/ch12_messages.py").serve(
+        model_path, dtype, backend_addr, detokenizer_addr
+    )
 
 
 def unwrap(msg) -> List:
@@ -81,16 +83,29 @@ def generate_over(folder: str, name: str, prompts: List[List[int]], n: int) -> L
     spawn = mp.get_context("spawn")
     dtype = str(book_dtype()).removeprefix("torch.")
     model = str(ensure_model(name))
-    scheduler = spawn.Process(target=run_scheduler, args=(model, dtype, addr["backend"], addr["tap"]))
-    worker = spawn.Process(target=tokenize_worker, kwargs=dict(
-        tokenizer_path=model, addr=addr["tokenizer"], create=True, backend_addr=addr["backend"],
-        frontend_addr=addr["frontend"], local_bs=8))  # fmt: skip
+    scheduler = spawn.Process(
+        target=run_scheduler, args=(model, dtype, addr["backend"], addr["tap"])
+    )
+    worker = spawn.Process(
+        target=tokenize_worker,
+        kwargs=dict(
+            tokenizer_path=model,
+            addr=addr["tokenizer"],
+            create=True,
+            backend_addr=addr["backend"],
+            frontend_addr=addr["frontend"],
+            local_bs=8,
+        ),
+    )
     scheduler.start()
     worker.start()
     workers = [scheduler, worker]
 
     # the prompts of run_parity, as text: the last one as a chat
-    texts: List[str | List[Dict[str, str]]] = [*DEFAULT_TEXTS[:-1], [{"role": "user", "content": DEFAULT_TEXTS[-1]}]]
+    texts: List[str | List[Dict[str, str]]] = [
+        *DEFAULT_TEXTS[:-1],
+        [{"role": "user", "content": DEFAULT_TEXTS[-1]}],
+    ]
     assert len(texts) == len(prompts)
     tokens: Dict[int, List[int]] = {uid: [] for uid in range(len(texts))}
     streamed: Dict[int, str] = {uid: "" for uid in range(len(texts))}

@@ -11,7 +11,6 @@ import torch
 if TYPE_CHECKING:
     from minisgl.attention import BaseAttnBackend, BaseAttnMetadata
     from minisgl.kvcache import BaseCacheHandle, BaseKVCachePool
-    from minisgl.moe import BaseMoeBackend
 
 
 @dataclass
@@ -128,7 +127,6 @@ class Context:
     # as if every page had size 1, whatever `page_size` is
     page_table: torch.Tensor = field(init=False)
     attn_backend: BaseAttnBackend = field(init=False)
-    moe_backend: BaseMoeBackend = field(init=False)
     kv_cache: BaseKVCachePool = field(init=False)
     _batch: Batch | None = field(default=None, init=False)
 

@@ -54,7 +54,9 @@ def model_path() -> Callable[[str], Path]:
 
     def find(name: str) -> Path:
         if left_out(name):
-            pytest.skip(f"{name} is left out by MINISGL_BOOK_MODELS={os.environ.get('MINISGL_BOOK_MODELS')}")
+            pytest.skip(
+                f"{name} is left out by MINISGL_BOOK_MODELS={os.environ.get('MINISGL_BOOK_MODELS')}"
+            )
         return ensure_model(name)
 
     return find
@@ -94,7 +96,9 @@ def _bounded_and_tidy(request: pytest.FixtureRequest) -> Iterator[None]:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     stopped = stop_all_children()  # else multiprocessing's exit handler would wait for them
     if stopped:
-        os.write(_REAL_STDERR[0], f"\nstopped at the end: {', '.join(map(describe, stopped))}\n".encode())
+        os.write(
+            _REAL_STDERR[0], f"\nstopped at the end: {', '.join(map(describe, stopped))}\n".encode()
+        )
 
 
 @pytest.fixture(autouse=True)

@@ -37,15 +37,25 @@ def test_rms_norm_matches_transformers(size: int) -> None:
     "rope",
     [
         {"rope_type": "default", "rope_theta": 10000.0},
-        {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-    ],  # fmt: skip
+        {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ],
     ids=["default", "llama3"],
 )
 def test_rope_matches_transformers(rope: dict) -> None:
     head_dim, heads, n = 64, 3, 11
-    config = LlamaConfig(hidden_size=head_dim * heads, num_attention_heads=heads,
-                         head_dim=head_dim, rope_parameters=rope)  # fmt: skip
+    config = LlamaConfig(
+        hidden_size=head_dim * heads,
+        num_attention_heads=heads,
+        head_dim=head_dim,
+        rope_parameters=rope,
+    )
     positions = torch.arange(100, 100 + n)
     q, k = torch.randn(1, heads, n, head_dim), torch.randn(1, heads, n, head_dim)
     cos, sin = LlamaRotaryEmbedding(config)(q, positions[None])
@@ -122,7 +132,9 @@ def test_a_broken_attention_line_is_caught(tmp_path, capsys) -> None:
     page = TREE_ROOT / "docs" / "chapters" / "ch00-step0.md"
     if page.exists():  # at the repository root: the chapter shows this very output
         shown = page.read_text().split("<!-- broken-attention -->\n```text\n")[1].split("```")[0]
-        strip_speed = lambda text: [re.sub(r"\s+[\d.]+$", "", l) for l in text.strip().splitlines()]
+        strip_speed = lambda text: [
+            re.sub(r"\s+[\d.]+$", "", line) for line in text.strip().splitlines()
+        ]
         assert strip_speed(shown) == strip_speed(out)
 
 

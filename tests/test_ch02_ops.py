@@ -32,8 +32,14 @@ from minisgl.layers import (
     silu_and_mul,
 )
 
-LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+LLAMA3 = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
 
 @pytest.mark.parametrize("size", [1, 3, 64, 577])
@@ -89,32 +95,53 @@ def test_gated_activations(width: int) -> None:
 
 @pytest.mark.parametrize(
     "rope",
-    [{"rope_type": "default", "rope_theta": 1e6}, LLAMA3,
-     {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}],  # fmt: skip
+    [
+        {"rope_type": "default", "rope_theta": 1e6},
+        LLAMA3,
+        {"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0},
+    ],
     ids=["default", "llama3", "linear"],
 )
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_rope_matches_transformers(rope: dict, head_dim: int) -> None:
-    config = LlamaConfig(hidden_size=3 * head_dim, num_attention_heads=3, num_key_value_heads=1,
-                         head_dim=head_dim, rope_parameters=rope, max_position_embeddings=4096)  # fmt: skip
+    config = LlamaConfig(
+        hidden_size=3 * head_dim,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        head_dim=head_dim,
+        rope_parameters=rope,
+        max_position_embeddings=4096,
+    )
     positions = torch.tensor([0, 1, 2, 31, 63, 64, 65, 1000, 4095])
     n = len(positions)
     q, k = torch.randn(1, 3, n, head_dim), torch.randn(1, 1, n, head_dim)
     cos, sin = LlamaRotaryEmbedding(config)(q, positions[None])
     q_hf, k_hf = apply_rotary_pos_emb(q, k, cos, sin)
-    scaling = None if rope["rope_type"] == "default" else tuple((a, b) for a, b in rope.items() if a != "rope_theta")
+    scaling = (
+        None
+        if rope["rope_type"] == "default"
+        else tuple((a, b) for a, b in rope.items() if a != "rope_theta")
+    )
     op = get_rope(head_dim, head_dim, 4096, rope["rope_theta"], scaling)
     # a q and a k that are views into one qkv tensor, as in AttentionLayer
-    qkv = torch.cat([q[0].transpose(0, 1).reshape(n, -1), k[0].transpose(0, 1).reshape(n, -1)], dim=-1)
+    qkv = torch.cat(
+        [q[0].transpose(0, 1).reshape(n, -1), k[0].transpose(0, 1).reshape(n, -1)], dim=-1
+    )
     q_view, k_view = qkv.split([3 * head_dim, head_dim], dim=-1)
     op.forward(positions.to(torch.int32), q_view, k_view)
-    torch.testing.assert_close(qkv[:, : 3 * head_dim].view(n, 3, head_dim), q_hf[0].transpose(0, 1), atol=0, rtol=0)
-    torch.testing.assert_close(qkv[:, 3 * head_dim :].view(n, 1, head_dim), k_hf[0].transpose(0, 1), atol=0, rtol=0)
+    torch.testing.assert_close(
+        qkv[:, : 3 * head_dim].view(n, 3, head_dim), q_hf[0].transpose(0, 1), atol=0, rtol=0
+    )
+    torch.testing.assert_close(
+        qkv[:, 3 * head_dim :].view(n, 1, head_dim), k_hf[0].transpose(0, 1), atol=0, rtol=0
+    )
 
 
 def test_llama3_scaling_changes_only_the_slow_frequencies() -> None:
     plain = get_rope(128, 128, 4096, 500000.0, None)
-    scaled = get_rope(128, 128, 4096, 500000.0, tuple((k, v) for k, v in LLAMA3.items() if k != "rope_theta"))
+    scaled = get_rope(
+        128, 128, 4096, 500000.0, tuple((k, v) for k, v in LLAMA3.items() if k != "rope_theta")
+    )
     # row = [cos | sin] of 64 frequencies; wavelengths under 64 / 4 = 16 tokens are kept: the
     # first five frequencies of 500000^(-2i/128)
     cos_plain, cos_scaled = plain._cos_sin_cache[100, :64], scaled._cos_sin_cache[100, :64]
@@ -143,10 +170,12 @@ def test_merged_linears_equal_separate_projections() -> None:
     k_proj = torch.nn.Linear(hidden, kv_heads * head_dim, bias=True)
     v_proj = torch.nn.Linear(hidden, kv_heads * head_dim, bias=True)
     qkv = LinearQKVMerged(hidden, head_dim, heads, kv_heads, has_bias=True)
-    qkv.load_state_dict({
-        "weight": torch.cat([q_proj.weight, k_proj.weight, v_proj.weight]).detach(),
-        "bias": torch.cat([q_proj.bias, k_proj.bias, v_proj.bias]).detach(),
-    })  # fmt: skip
+    qkv.load_state_dict(
+        {
+            "weight": torch.cat([q_proj.weight, k_proj.weight, v_proj.weight]).detach(),
+            "bias": torch.cat([q_proj.bias, k_proj.bias, v_proj.bias]).detach(),
+        }
+    )
     x = torch.randn(5, hidden)
     q, k, v = qkv.forward(x).split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
     with torch.no_grad():
@@ -171,9 +200,13 @@ class _Block(BaseOP):
 def test_state_dict_walks_attributes_and_lists() -> None:
     model = OPList([_Block(), _Block()])
     assert sorted(model.state_dict()) == [
-        "0.norm.weight", "0.proj.bias", "0.proj.weight",
-        "1.norm.weight", "1.proj.bias", "1.proj.weight",
-    ]  # fmt: skip
+        "0.norm.weight",
+        "0.proj.bias",
+        "0.proj.weight",
+        "1.norm.weight",
+        "1.proj.bias",
+        "1.proj.weight",
+    ]
     assert isinstance(model.op_list[0].rope, StateLessOP)
 
 
@@ -189,7 +222,9 @@ def test_loading_is_strict() -> None:
     with pytest.raises(ValueError, match="expected \\(4,\\)"):
         OPList([_Block()]).load_state_dict({**good, "0.norm.weight": torch.zeros(5)})
     with pytest.raises(ValueError, match="torch.float64"):
-        OPList([_Block()]).load_state_dict({**good, "0.norm.weight": torch.zeros(4, dtype=torch.float64)})
+        OPList([_Block()]).load_state_dict(
+            {**good, "0.norm.weight": torch.zeros(4, dtype=torch.float64)}
+        )
 
 
 def test_tied_and_untied_lm_heads() -> None:
@@ -218,4 +253,6 @@ def test_hand_wired_decoder_generates_step0s_tokens(model_path) -> None:
     for name in ("tiny-qwen3", "tiny-qwen2"):
         folder = model_path(name)
         prompt = [9, 120, 3001, 77, 15]
-        assert ch02.HandWiredDecoder(folder).generate(prompt, 12, []) == step0.Step0Model(folder).generate(prompt, 12)
+        assert ch02.HandWiredDecoder(folder).generate(prompt, 12, []) == step0.Step0Model(
+            folder
+        ).generate(prompt, 12)

@@ -35,13 +35,20 @@ def test_model_config_reads_the_hf_config(name: str, model_path) -> None:
     hf = AutoConfig.from_pretrained(model_path(name))
     config = ModelConfig.from_hf(hf)
     assert config.num_layers == hf.num_hidden_layers
-    assert (config.num_qo_heads, config.num_kv_heads) == (hf.num_attention_heads, hf.num_key_value_heads)
-    assert config.head_dim == (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
+    assert (config.num_qo_heads, config.num_kv_heads) == (
+        hf.num_attention_heads,
+        hf.num_key_value_heads,
+    )
+    assert config.head_dim == (
+        getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    )
     assert config.tie_word_embeddings == hf.tie_word_embeddings
     assert config.rotary_config.base == hf.rope_parameters["rope_theta"]
     assert config.architectures == hf.architectures and not config.is_moe
     if name == "tiny-llama3":
-        assert config.rotary_config.scaling == {k: v for k, v in hf.rope_parameters.items() if k != "rope_theta"}
+        assert config.rotary_config.scaling == {
+            k: v for k, v in hf.rope_parameters.items() if k != "rope_theta"
+        }
     else:
         assert config.rotary_config.scaling is None
 
@@ -51,8 +58,13 @@ def test_model_config_reads_the_older_rope_style() -> None:
     hf = LlamaConfig(head_dim=64)
     hf.rope_parameters = None
     hf.rope_theta = 500000.0
-    hf.rope_scaling = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+    hf.rope_scaling = {
+        "type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     rotary = ModelConfig.from_hf(hf).rotary_config
     assert rotary.base == 500000.0 and rotary.scaling is not None
     assert rotary.scaling["rope_type"] == "llama3" and "type" not in rotary.scaling
@@ -71,14 +83,19 @@ def test_state_dict_names_are_exactly_the_loaded_names(name: str, model_path) ->
     loaded = dict(load_weight(str(model_path(name)), torch.device("cpu")))
     assert set(model.state_dict()) == set(loaded)
     layer0 = model.model.layers.op_list[0]
-    assert layer0.self_attn.qkv_proj.weight.shape[0] == (config.num_qo_heads + 2 * config.num_kv_heads) * config.head_dim
+    assert (
+        layer0.self_attn.qkv_proj.weight.shape[0]
+        == (config.num_qo_heads + 2 * config.num_kv_heads) * config.head_dim
+    )
     assert (layer0.self_attn.qkv_proj.bias is not None) == (name == "tiny-qwen2")
     assert (layer0.self_attn.q_norm is not None) == (name == "tiny-qwen3")
 
 
 def test_merging_concatenates_in_q_k_v_order(tmp_path: Path) -> None:
-    tensors = {f"model.layers.0.self_attn.{x}_proj.weight": torch.full((2, 3), float(i))
-               for i, x in enumerate("vqk")}  # fmt: skip
+    tensors = {
+        f"model.layers.0.self_attn.{x}_proj.weight": torch.full((2, 3), float(i))
+        for i, x in enumerate("vqk")
+    }
     tensors["model.norm.weight"] = torch.ones(3)
     save_file(tensors, tmp_path / "model.safetensors")
     loaded = dict(load_weight(str(tmp_path), torch.device("cpu")))
@@ -86,12 +103,17 @@ def test_merging_concatenates_in_q_k_v_order(tmp_path: Path) -> None:
     assert qkv[:, 0].tolist() == [1, 1, 2, 2, 0, 0]  # q (1), k (2), v (0), whatever the file order
     assert set(loaded) == {"model.layers.0.self_attn.qkv_proj.weight", "model.norm.weight"}
     assert _get_merge_info("model.layers.3.mlp.up_proj.weight") == (
-        "model.layers.3.mlp.gate_up_proj.weight", "up", ("gate", "up"))  # fmt: skip
+        "model.layers.3.mlp.gate_up_proj.weight",
+        "up",
+        ("gate", "up"),
+    )
     assert _get_merge_info("model.layers.3.self_attn.o_proj.weight") is None
 
 
 def test_an_incomplete_merge_group_is_an_error(tmp_path: Path) -> None:
-    save_file({"model.layers.0.mlp.gate_proj.weight": torch.zeros(2, 2)}, tmp_path / "model.safetensors")
+    save_file(
+        {"model.layers.0.mlp.gate_proj.weight": torch.zeros(2, 2)}, tmp_path / "model.safetensors"
+    )
     with pytest.raises(ValueError, match="incomplete merge groups.*gate_up_proj"):
         list(load_weight(str(tmp_path), torch.device("cpu")))
 
@@ -180,8 +202,8 @@ def test_hf_helpers_on_local_folders(model_path, tmp_path: Path, monkeypatch) ->
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": "{{ messages[0]['content'] }}!"}))
+    (tmp_path / "chat_template.json").write_text(
+        json.dumps({"chat_template": "{{ messages[0]['content'] }}!"})
+    )
     tok = load_tokenizer(str(tmp_path))
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "hi!"
-
-

@@ -12,9 +12,18 @@ from minisgl.models import ModelConfig
 from minisgl.utils import cached_load_hf_config
 
 
-def make_pool(page_size: int, num_pages: int = 6, layers: int = 2, heads: int = 3, dim: int = 8) -> MHAKVCache:
-    pool = MHAKVCache(num_kv_heads=heads, num_layers=layers, head_dim=dim, num_pages=num_pages,
-                      page_size=page_size, dtype=torch.float32, device=torch.device("cpu"))  # fmt: skip
+def make_pool(
+    page_size: int, num_pages: int = 6, layers: int = 2, heads: int = 3, dim: int = 8
+) -> MHAKVCache:
+    pool = MHAKVCache(
+        num_kv_heads=heads,
+        num_layers=layers,
+        head_dim=dim,
+        num_pages=num_pages,
+        page_size=page_size,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
     pool._kv_buffer.zero_()
     return pool
 
@@ -32,8 +41,10 @@ def test_pool_layout(page_size: int) -> None:
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_store_kv_writes_exactly_the_given_slots(page_size: int) -> None:
     pool = make_pool(page_size)
-    slots = torch.tensor([0, page_size * 6 - 1, page_size * 2 + 1 % page_size, page_size + page_size // 2],
-                         dtype=torch.int32)  # fmt: skip
+    slots = torch.tensor(
+        [0, page_size * 6 - 1, page_size * 2 + 1 % page_size, page_size + page_size // 2],
+        dtype=torch.int32,
+    )
     k = torch.randn(4, 3 * 8)  # as the qkv projection produces it: heads flattened
     v = torch.randn(4, 3, 8)  # or with the head axis: both are accepted
     pool.store_kv(k, v, slots, layer_id=1)
@@ -61,7 +72,9 @@ def test_store_cache_converts_to_the_cache_dtype() -> None:
 
 def test_create_pool_from_a_model_config(model_path) -> None:
     config = ModelConfig.from_hf(cached_load_hf_config(str(model_path("tiny-mistral"))))
-    pool = create_kvcache_pool(config, num_pages=8, page_size=16, dtype=torch.float32, device=torch.device("cpu"))
+    pool = create_kvcache_pool(
+        config, num_pages=8, page_size=16, dtype=torch.float32, device=torch.device("cpu")
+    )
     assert pool.k_cache(0).shape == (8, 16, config.num_kv_heads, config.head_dim)
     assert pool.num_layers == config.num_layers
 

@@ -38,7 +38,9 @@ def fake_config(head_dim: int = 16, heads: int = 4, kv_heads: int = 2):
 
 
 def make_req(length: int, cached: int, slot: int) -> Req:
-    return Req(torch.arange(length, dtype=torch.int32), slot, cached, 4, slot, SamplingParams(), None)  # type: ignore[arg-type]
+    return Req(
+        torch.arange(length, dtype=torch.int32), slot, cached, 4, slot, SamplingParams(), None
+    )  # type: ignore[arg-type]
 
 
 def hf_attention(q, k, v, cached_len: int, groups: int) -> torch.Tensor:
@@ -47,8 +49,14 @@ def hf_attention(q, k, v, cached_len: int, groups: int) -> torch.Tensor:
     allowed = torch.arange(length)[None, :] <= (cached_len + torch.arange(n))[:, None]
     mask = torch.zeros(n, length).masked_fill(~allowed, float("-inf"))[None, None]
     module = types.SimpleNamespace(num_key_value_groups=groups, training=False)
-    out, _ = eager_attention_forward(module, q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                     v.transpose(0, 1)[None], mask, scaling=q.shape[-1] ** -0.5)  # fmt: skip
+    out, _ = eager_attention_forward(
+        module,
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        mask,
+        scaling=q.shape[-1] ** -0.5,
+    )
     return out[0]  # [n, h, d]
 
 
@@ -60,8 +68,15 @@ def test_ragged_batch_matches_transformers(ctx, page_size, phase, heads, kv_head
     d = 16
     ctx.page_size = page_size
     per_req = -(-24 // page_size)  # pages that hold 24 tokens
-    pool = MHAKVCache(kv_heads, num_layers=2, head_dim=d, num_pages=4 * per_req,
-                      page_size=page_size, dtype=torch.float32, device=torch.device("cpu"))  # fmt: skip
+    pool = MHAKVCache(
+        kv_heads,
+        num_layers=2,
+        head_dim=d,
+        num_pages=4 * per_req,
+        page_size=page_size,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
     pool._kv_buffer.fill_(float("nan"))  # never-written slots may hold anything, NaN included
     ctx.kv_cache = pool
     ctx.page_table = torch.zeros(4, 64, dtype=torch.int32)
@@ -76,8 +91,13 @@ def test_ragged_batch_matches_transformers(ctx, page_size, phase, heads, kv_head
         pages = perm[r.table_idx * per_req : (r.table_idx + 1) * per_req]
         slots = (pages[:, None] * page_size + torch.arange(page_size)).flatten()[: r.device_len]
         ctx.page_table[r.table_idx, : r.device_len] = slots.int()
-        k_hist, v_hist = torch.randn(r.device_len, kv_heads, d), torch.randn(r.device_len, kv_heads, d)
-        pool.store_kv(k_hist[: r.cached_len], v_hist[: r.cached_len], slots[: r.cached_len].int(), 1)
+        k_hist, v_hist = (
+            torch.randn(r.device_len, kv_heads, d),
+            torch.randn(r.device_len, kv_heads, d),
+        )
+        pool.store_kv(
+            k_hist[: r.cached_len], v_hist[: r.cached_len], slots[: r.cached_len].int(), 1
+        )
         history[r.uid] = (k_hist, v_hist, slots)
     batch = Batch(reqs=reqs, phase=phase)
     batch.padded_reqs = reqs
@@ -92,11 +112,17 @@ def test_ragged_batch_matches_transformers(ctx, page_size, phase, heads, kv_head
     start = 0
     for r in reqs:
         k_all, v_all, _ = history[r.uid]
-        expected = hf_attention(q[start : start + r.extend_len], k_all, v_all, r.cached_len, heads // kv_heads)
-        torch.testing.assert_close(out[start : start + r.extend_len], expected, atol=1e-5, rtol=1e-5)
+        expected = hf_attention(
+            q[start : start + r.extend_len], k_all, v_all, r.cached_len, heads // kv_heads
+        )
+        torch.testing.assert_close(
+            out[start : start + r.extend_len], expected, atol=1e-5, rtol=1e-5
+        )
         start += r.extend_len
-    assert batch.attn_metadata.get_last_indices(3).tolist() == torch.tensor(
-        [r.extend_len for r in reqs]).cumsum(0).sub(1).tolist()  # fmt: skip
+    assert (
+        batch.attn_metadata.get_last_indices(3).tolist()
+        == torch.tensor([r.extend_len for r in reqs]).cumsum(0).sub(1).tolist()
+    )
 
 
 def test_registry_and_specs(ctx) -> None:
@@ -133,7 +159,9 @@ def test_hybrid_backend_routes_by_phase() -> None:
     assert calls == ["p.prepare", "p.forward", "d.prepare", "d.forward"]
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen2", "tiny-llama3", "tiny-mistral", "smollm2-135m"])  # model_path skips a model left out
+@pytest.mark.parametrize(
+    "name", ["tiny-qwen3", "tiny-qwen2", "tiny-llama3", "tiny-mistral", "smollm2-135m"]
+)  # model_path skips a model left out
 def test_prefill_and_decode_logits_match_transformers(name: str, ctx, model_path) -> None:
     """Through the backend: the prefill's last-token logits and three decode steps' logits
     equal transformers' for the same sequence."""

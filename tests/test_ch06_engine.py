@@ -16,8 +16,13 @@ ch06 = load_example("examples/ch06_engine.py")
 
 
 def config_for(path, **kwargs) -> EngineConfig:
-    base = dict(model_path=str(path), tp_info=DistributedInfo(0, 1), dtype=torch.float32,
-                max_running_req=4, page_size=4)  # fmt: skip
+    base = dict(
+        model_path=str(path),
+        tp_info=DistributedInfo(0, 1),
+        dtype=torch.float32,
+        max_running_req=4,
+        page_size=4,
+    )
     base.update(kwargs)
     return EngineConfig(**base)
 
@@ -64,7 +69,9 @@ def test_forward_batch_advances_requests_and_copies_tokens(model_path) -> None:
     try:
         ch04 = ch06.ch04
         allocator = ch04.PageAllocator(engine.num_pages, 4, engine.page_table)
-        req = Req(torch.tensor([3, 4, 5, 6, 7], dtype=torch.int32), 0, 0, 3, 0, SamplingParams(), None)  # type: ignore[arg-type]
+        req = Req(
+            torch.tensor([3, 4, 5, 6, 7], dtype=torch.int32), 0, 0, 3, 0, SamplingParams(), None
+        )  # type: ignore[arg-type]
         batch = ch04.prepare_batch([req], "prefill", allocator)
         engine.attn_backend.prepare_metadata(batch)
         out = engine.forward_batch(batch, engine.sampler.prepare(batch))
@@ -77,8 +84,14 @@ def test_forward_batch_advances_requests_and_copies_tokens(model_path) -> None:
 
 
 def test_dummy_weights_and_bfloat16_run(model_path) -> None:
-    engine = Engine(config_for(model_path("tiny-mistral"), num_page_override=16, dtype=torch.bfloat16,
-                               use_dummy_weight=True))  # fmt: skip
+    engine = Engine(
+        config_for(
+            model_path("tiny-mistral"),
+            num_page_override=16,
+            dtype=torch.bfloat16,
+            use_dummy_weight=True,
+        )
+    )
     try:
         assert engine.model.state_dict()["model.embed_tokens.weight"].dtype == torch.bfloat16
         outputs = ch06.run(engine, [[1, 2, 3]], [SamplingParams(max_tokens=4)], eos=[])
@@ -97,16 +110,31 @@ def test_engine_generation_matches_step0(name: str, model_path) -> None:
 
 # ------------------------------------------------------------------------------ sampler
 def sampler_batch(params) -> Batch:
-    reqs = [Req(torch.tensor([1], dtype=torch.int32), i, 0, 4, i, p, None) for i, p in enumerate(params)]  # type: ignore[arg-type]
+    reqs = [
+        Req(torch.tensor([1], dtype=torch.int32), i, 0, 4, i, p, None) for i, p in enumerate(params)
+    ]  # type: ignore[arg-type]
     return Batch(reqs=reqs, phase="decode")
 
 
 def test_prepare_builds_only_the_tensors_needed() -> None:
     sampler = Sampler(torch.device("cpu"), vocab_size=50)
-    assert sampler.prepare(sampler_batch([SamplingParams(), SamplingParams(top_k=1, temperature=2)])).temperatures is None
+    assert (
+        sampler.prepare(
+            sampler_batch([SamplingParams(), SamplingParams(top_k=1, temperature=2)])
+        ).temperatures
+        is None
+    )
     args = sampler.prepare(sampler_batch([SamplingParams(), SamplingParams(temperature=0.5)]))
-    assert args.temperatures.tolist() == pytest.approx([1e-6, 0.5]) and args.top_k is None and args.top_p is None
-    args = sampler.prepare(sampler_batch([SamplingParams(temperature=1, top_k=5), SamplingParams(temperature=1, top_p=0.5)]))
+    assert (
+        args.temperatures.tolist() == pytest.approx([1e-6, 0.5])
+        and args.top_k is None
+        and args.top_p is None
+    )
+    args = sampler.prepare(
+        sampler_batch(
+            [SamplingParams(temperature=1, top_k=5), SamplingParams(temperature=1, top_p=0.5)]
+        )
+    )
     assert args.top_k.tolist() == [5, 50] and args.top_p.tolist() == pytest.approx([1.0, 0.5])
 
 

@@ -36,10 +36,14 @@ def run(arrivals, **config) -> "ch07.ScriptedScheduler":
 
 
 def test_staggered_arrivals_give_each_request_its_own_tokens(model_path) -> None:
-    arrivals = [(step, ch07.user_msg(i, p, 9)) for i, (step, p) in enumerate(zip([0, 2, 3, 7], PROMPTS))]
+    arrivals = [
+        (step, ch07.user_msg(i, p, 9)) for i, (step, p) in enumerate(zip([0, 2, 3, 7], PROMPTS))
+    ]
     sched = run(arrivals)
     try:
-        assert [sched.outputs[i] for i in range(4)] == reference(model_path, "tiny-qwen3", PROMPTS, 9)
+        assert [sched.outputs[i] for i in range(4)] == reference(
+            model_path, "tiny-qwen3", PROMPTS, 9
+        )
         # every page and every request slot is back
         assert len(sched.cache_manager.free_slots) == sched.cache_manager.num_pages
         assert sched.table_manager.available_size == 16
@@ -58,8 +62,11 @@ def test_prefill_first_and_batch_composition() -> None:
             phases.append((self.step, batch.phase, [r.uid for r in batch.reqs]))
             return super()._forward(forward_input)
 
-    arrivals = [(0, ch07.user_msg(0, PROMPTS[0], 4)), (0, ch07.user_msg(1, PROMPTS[1], 2)),
-                (2, ch07.user_msg(2, PROMPTS[2], 3))]  # fmt: skip
+    arrivals = [
+        (0, ch07.user_msg(0, PROMPTS[0], 4)),
+        (0, ch07.user_msg(1, PROMPTS[1], 2)),
+        (2, ch07.user_msg(2, PROMPTS[2], 3)),
+    ]
     sched = Recorder(ch07.make_config("tiny-qwen3"), arrivals)
     sched.run()
     sched.shutdown()
@@ -74,7 +81,9 @@ def test_prefill_first_and_batch_composition() -> None:
 
 
 def test_the_token_pool_holds_prompt_and_outputs() -> None:
-    sched = ch07.ScriptedScheduler(ch07.make_config("tiny-llama3"), [(0, ch07.user_msg(0, PROMPTS[1], 5))])
+    sched = ch07.ScriptedScheduler(
+        ch07.make_config("tiny-llama3"), [(0, ch07.user_msg(0, PROMPTS[1], 5))]
+    )
     seen = {}
     original = sched._free_req_resources
 
@@ -93,7 +102,12 @@ def test_the_token_pool_holds_prompt_and_outputs() -> None:
 def test_max_tokens_and_eos() -> None:
     # the tiny models' greedy outputs rarely hit EOS (id 2); with ignore_eos=False and a small
     # max_tokens the request stops at max_tokens exactly
-    sched = run([(0, ch07.user_msg(0, PROMPTS[0], 1)), (0, ch07.user_msg(1, PROMPTS[2], 7, ignore_eos=True))])
+    sched = run(
+        [
+            (0, ch07.user_msg(0, PROMPTS[0], 1)),
+            (0, ch07.user_msg(1, PROMPTS[2], 7, ignore_eos=True)),
+        ]
+    )
     sched.shutdown()
     assert len(sched.outputs[0]) == 1 and len(sched.outputs[1]) == 7
 
@@ -102,7 +116,9 @@ def test_max_tokens_and_eos() -> None:
 def test_stopping_at_eos(model_path) -> None:
     """SmolLM2 ends its answer with <|im_end|> (the EOS): the scheduler stops there."""
     prompt = build_prompts("smollm2-135m")[0]  # "The capital of France is" -> ... <|im_end|>
-    sched = ch07.ScriptedScheduler(ch07.make_config("smollm2-135m"), [(0, ch07.user_msg(0, prompt, 40))])
+    sched = ch07.ScriptedScheduler(
+        ch07.make_config("smollm2-135m"), [(0, ch07.user_msg(0, prompt, 40))]
+    )
     sched.run()
     sched.shutdown()
     out = sched.outputs[0]
@@ -110,9 +126,13 @@ def test_stopping_at_eos(model_path) -> None:
 
 
 def test_abort_of_a_waiting_and_a_running_request() -> None:
-    arrivals = [(0, ch07.user_msg(0, PROMPTS[0], 30)), (0, ch07.user_msg(1, PROMPTS[1], 30)),
-                (3, AbortBackendMsg(uid=0)), (3, ch07.user_msg(2, PROMPTS[2], 3)),
-                (3, AbortBackendMsg(uid=2))]  # fmt: skip
+    arrivals = [
+        (0, ch07.user_msg(0, PROMPTS[0], 30)),
+        (0, ch07.user_msg(1, PROMPTS[1], 30)),
+        (3, AbortBackendMsg(uid=0)),
+        (3, ch07.user_msg(2, PROMPTS[2], 3)),
+        (3, AbortBackendMsg(uid=2)),
+    ]
     sched = run(arrivals)
     sched.shutdown()
     assert 1 <= len(sched.outputs[0]) <= 3  # aborted while running: it stopped early

@@ -39,9 +39,15 @@ def run(name: str, arrivals, **config):
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
-def test_every_page_size_gives_the_same_tokens_and_returns_every_page(page_size: int, model_path) -> None:
-    arrivals = [(step, ch07.user_msg(i, p, 10)) for i, (step, p) in enumerate(zip([0, 0, 4, 5], PROMPTS))]
-    _, outputs = run("tiny-qwen3", arrivals, page_size=page_size, num_page_override=256 // page_size)
+def test_every_page_size_gives_the_same_tokens_and_returns_every_page(
+    page_size: int, model_path
+) -> None:
+    arrivals = [
+        (step, ch07.user_msg(i, p, 10)) for i, (step, p) in enumerate(zip([0, 0, 4, 5], PROMPTS))
+    ]
+    _, outputs = run(
+        "tiny-qwen3", arrivals, page_size=page_size, num_page_override=256 // page_size
+    )
     assert [outputs[i] for i in range(4)] == reference(model_path, "tiny-qwen3", PROMPTS, 10)
 
 
@@ -57,8 +63,12 @@ def test_memory_pressure_queues_requests_instead_of_failing(page_size: int, mode
             running.append(len(self.decode_manager.running_reqs) + forward_input.batch.is_prefill)
             return super()._forward(forward_input)
 
-    sched = Watcher(ch07.make_config("tiny-llama3", cache_type="naive", page_size=page_size,
-                                     num_page_override=pages), [(0, ch07.user_msg(i, p, 10)) for i, p in enumerate(PROMPTS)])  # fmt: skip
+    sched = Watcher(
+        ch07.make_config(
+            "tiny-llama3", cache_type="naive", page_size=page_size, num_page_override=pages
+        ),
+        [(0, ch07.user_msg(i, p, 10)) for i, p in enumerate(PROMPTS)],
+    )
     outputs = sched.run()
     sched.cache_manager.check_integrity()
     sched.shutdown()
@@ -73,7 +83,9 @@ def make_adder(free_pages: int, page_size: int, reserved: int, budget: int = 100
 
 
 def pending(uid: int, prompt_len: int, max_tokens: int) -> PendingReq:
-    return PendingReq(uid, torch.arange(prompt_len, dtype=torch.int32), SamplingParams(max_tokens=max_tokens))
+    return PendingReq(
+        uid, torch.arange(prompt_len, dtype=torch.int32), SamplingParams(max_tokens=max_tokens)
+    )
 
 
 def test_admission_counts_prompt_output_and_what_running_requests_still_need() -> None:
@@ -105,7 +117,9 @@ def test_allocate_and_release_pages_through_the_page_table() -> None:
     cache.allocate_paged([req])  # positions 0..5: two pages
     row = table[1, :8].tolist()
     assert len(cache.free_slots) == 6 and row[0] % 4 == 0 and row[4] % 4 == 0
-    assert row[:4] == list(range(row[0], row[0] + 4)) and row[4:8] == list(range(row[4], row[4] + 4))
+    assert row[:4] == list(range(row[0], row[0] + 4)) and row[4:8] == list(
+        range(row[4], row[4] + 4)
+    )
     for _ in range(3):  # positions 6, 7, 8: a third page only at 8
         req.complete_one()
         cache.allocate_paged([req])
@@ -120,7 +134,9 @@ def test_integrity_check_catches_leaks_and_double_frees() -> None:
     cache = CacheManager(8, 2, torch.zeros(2, 16, dtype=torch.int32), "naive")
     cache.check_integrity()
     taken = cache._allocate(2)
-    with pytest.raises(RuntimeError, match="free pages \\(6\\) \\+ cached pages \\(0\\) != all pages \\(8\\)"):
+    with pytest.raises(
+        RuntimeError, match="free pages \\(6\\) \\+ cached pages \\(0\\) != all pages \\(8\\)"
+    ):
         cache.check_integrity()  # a leak
     cache._free(cache._page_to_token(taken))
     cache.check_integrity()
@@ -163,9 +179,15 @@ def test_a_prompt_longer_than_the_engine_is_refused_with_the_reason() -> None:
             super().offline_send_result(reply)
 
     shared = SamplingParams(max_tokens=100)
-    arrivals = [(0, ch07.user_msg(0, list(range(3, 73)), 5)), (0, ch07.UserMsg(1, torch.arange(3, 13, dtype=torch.int32), shared)),
-                (0, ch07.user_msg(2, [5, 6, 7], 4))]  # fmt: skip
-    sched = Recorder(ch07.make_config("tiny-qwen2", cache_type="naive", page_size=4, num_page_override=16), arrivals)
+    arrivals = [
+        (0, ch07.user_msg(0, list(range(3, 73)), 5)),
+        (0, ch07.UserMsg(1, torch.arange(3, 13, dtype=torch.int32), shared)),
+        (0, ch07.user_msg(2, [5, 6, 7], 4)),
+    ]
+    sched = Recorder(
+        ch07.make_config("tiny-qwen2", cache_type="naive", page_size=4, num_page_override=16),
+        arrivals,
+    )
     sched.run()
     sched.cache_manager.check_integrity()
     sched.shutdown()
@@ -178,7 +200,10 @@ def test_a_prompt_longer_than_the_engine_is_refused_with_the_reason() -> None:
 
 
 def test_idle_scheduler_checks_integrity() -> None:
-    sched = ch07.ScriptedScheduler(ch07.make_config("tiny-qwen3", cache_type="naive"), [(0, ch07.user_msg(0, [4, 5], 2)), (9, ch07.user_msg(1, [6], 2))])
+    sched = ch07.ScriptedScheduler(
+        ch07.make_config("tiny-qwen3", cache_type="naive"),
+        [(0, ch07.user_msg(0, [4, 5], 2)), (9, ch07.user_msg(1, [6], 2))],
+    )
     leaked = []
     original = sched.cache_manager.cache_req
 

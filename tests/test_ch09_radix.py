@@ -58,7 +58,9 @@ def test_page_aligned_matching() -> None:
     cache.insert_prefix(t(*range(10)), slots(0, 10))  # only 8 tokens: two whole pages
     assert cache.size_info.total_size == 8
     assert cache.match_prefix(t(*range(7))).cuda_handle.cached_len == 4  # 7 -> one page
-    assert cache.match_prefix(t(0, 1, 2, 3, 4, 5, 9, 9)).cuda_handle.cached_len == 4  # differs mid-page
+    assert (
+        cache.match_prefix(t(0, 1, 2, 3, 4, 5, 9, 9)).cuda_handle.cached_len == 4
+    )  # differs mid-page
     assert cache.match_prefix(t(*range(12))).cuda_handle.cached_len == 8
     assert cache.match_prefix(t(0, 1, 2)).cuda_handle.cached_len == 0  # less than a page
     cache.check_integrity()
@@ -187,9 +189,12 @@ class RadixAgainstModel(RuleBasedStateMachine):
 
 
 RadixAgainstModel.TestCase.settings = settings(
-    max_examples=400, stateful_step_count=30, deadline=None, derandomize=True,
+    max_examples=400,
+    stateful_step_count=30,
+    deadline=None,
+    derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
-)  # fmt: skip
+)
 test_radix_cache_against_a_model = RadixAgainstModel.TestCase
 
 
@@ -202,7 +207,10 @@ def test_reuse_through_the_scheduler(model_path) -> None:
     counts = {}
     outputs = {}
     for cache_type in ("naive", "radix"):
-        arrivals = [(0, ch09.ch07.user_msg(0, prompts[0], 6)), (3, ch09.ch07.user_msg(1, prompts[1], 6))]
+        arrivals = [
+            (0, ch09.ch07.user_msg(0, prompts[0], 6)),
+            (3, ch09.ch07.user_msg(1, prompts[1], 6)),
+        ]
         config = ch09.ch07.make_config("tiny-qwen2", cache_type=cache_type, page_size=4)
         sched = ch09.CountingScheduler(config, arrivals)
         outputs[cache_type] = sched.run()
@@ -223,8 +231,14 @@ def test_a_running_request_does_not_read_pages_freed_as_duplicates(model_path) -
     ch09 = load_example("examples/ch09_radix.py")
     shared = list(range(100, 108))
     a, b, c = shared + [900, 901], shared + [700, 701], list(range(300, 333))
-    arrivals = [(0, ch09.ch07.user_msg(0, a, 2)), (0, ch09.ch07.user_msg(1, b, 20)), (3, ch09.ch07.user_msg(2, c, 1))]
-    config = ch09.ch07.make_config("tiny-qwen3", page_size=1, num_page_override=64, cache_type="radix", max_running_req=4)
+    arrivals = [
+        (0, ch09.ch07.user_msg(0, a, 2)),
+        (0, ch09.ch07.user_msg(1, b, 20)),
+        (3, ch09.ch07.user_msg(2, c, 1)),
+    ]
+    config = ch09.ch07.make_config(
+        "tiny-qwen3", page_size=1, num_page_override=64, cache_type="radix", max_running_req=4
+    )
     sched = ch09.ch07.ScriptedScheduler(config, arrivals)
     try:
         outputs = sched.run()

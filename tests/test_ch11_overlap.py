@@ -130,8 +130,13 @@ class UpstreamLLMStreamsOnly(UpstreamLLM):
 
 
 def make(cls, name: str = "tiny-qwen3", **kwargs) -> LLM:
-    settings = dict(dtype=torch.float32, max_running_req=4, page_size=4, num_page_override=256,
-                    max_extend_tokens=64)  # fmt: skip
+    settings = dict(
+        dtype=torch.float32,
+        max_running_req=4,
+        page_size=4,
+        num_page_override=256,
+        max_extend_tokens=64,
+    )
     settings.update(kwargs)
     return cls(str(ensure_model(name)), **settings)
 
@@ -155,8 +160,14 @@ def check_streams(messages: List[DetokenizeMsg], max_tokens: Dict[int, int], eos
             assert len(tokens) == max_tokens[uid], f"request {uid}: {len(tokens)} tokens"
 
 
-PROMPTS = [[9, 120, 3001], [77, 15, 16, 17, 18, 19, 20, 21, 22, 23], [5], [400, 401, 402, 403],
-           [7, 8], [300, 301, 302, 303, 304, 305]]  # fmt: skip
+PROMPTS = [
+    [9, 120, 3001],
+    [77, 15, 16, 17, 18, 19, 20, 21, 22, 23],
+    [5],
+    [400, 401, 402, 403],
+    [7, 8],
+    [300, 301, 302, 303, 304, 305],
+]
 
 
 def fake_eos(name: str) -> int:
@@ -231,7 +242,11 @@ def test_fix2_llm_generate_stops_at_eos_with_smollm2() -> None:
     finally:
         llm.shutdown()
     first = results[0]["token_ids"]  # "The capital of France is" ends with <|im_end|> (EOS)
-    reference = load_example("examples/ch00_step0.py").Step0Model(ensure_model("smollm2-135m")).generate(prompts[0], 40)
+    reference = (
+        load_example("examples/ch00_step0.py")
+        .Step0Model(ensure_model("smollm2-135m"))
+        .generate(prompts[0], 40)
+    )
     assert reference[-1] == llm.eos_token_id and first == reference[:-1]
 
 
@@ -256,8 +271,11 @@ def abort_during_prefill(cls) -> "ch07.ScriptedScheduler":
     Driver = type("Driver", bases, {})
 
     config = ch07.make_config("tiny-qwen2", page_size=4, num_page_override=64, cache_type="radix")
-    arrivals = [(0, ch07.user_msg(0, list(range(100, 130)), 8)), (0, ch07.user_msg(1, [5, 6, 7], 8)),
-                (1, AbortBackendMsg(uid=0))]  # fmt: skip
+    arrivals = [
+        (0, ch07.user_msg(0, list(range(100, 130)), 8)),
+        (0, ch07.user_msg(1, [5, 6, 7], 8)),
+        (1, AbortBackendMsg(uid=0)),
+    ]
     sched = Driver(config, arrivals)
     try:
         sched.run()
@@ -280,10 +298,12 @@ def test_fix4_upstream_frees_twice() -> None:
 
 @requires_model("smollm2-135m")
 def test_sampling_is_reproducible_and_per_request() -> None:
-    params = [SamplingParams(temperature=1.5, top_k=3, max_tokens=12),
-              SamplingParams(temperature=1.0, top_k=1, max_tokens=12),  # top-k 1: greedy
-              SamplingParams(temperature=1.0, top_p=0.6, max_tokens=12),
-              SamplingParams(max_tokens=12)]  # fmt: skip
+    params = [
+        SamplingParams(temperature=1.5, top_k=3, max_tokens=12),
+        SamplingParams(temperature=1.0, top_k=1, max_tokens=12),  # top-k 1: greedy
+        SamplingParams(temperature=1.0, top_p=0.6, max_tokens=12),
+        SamplingParams(max_tokens=12),
+    ]
     runs = []
     for _ in range(2):
         llm = make(LLM, "smollm2-135m")

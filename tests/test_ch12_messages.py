@@ -89,7 +89,9 @@ def same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
     if is_dataclass(a):
-        return type(a) is type(b) and all(same(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
+        return type(a) is type(b) and all(
+            same(getattr(a, f.name), getattr(b, f.name)) for f in fields(a)
+        )
     if isinstance(a, list):
         return isinstance(b, list) and len(a) == len(b) and all(map(same, a, b))
     return a == b and type(a) is type(b)
@@ -101,16 +103,22 @@ def samples() -> List[Any]:
         UserMsg(1, torch.tensor([5, 6, 7], dtype=torch.int32), params),
         AbortBackendMsg(2),
         ExitMsg(),
-        BatchBackendMsg([AbortBackendMsg(3), UserMsg(4, torch.tensor([9], dtype=torch.int32), params)]),
+        BatchBackendMsg(
+            [AbortBackendMsg(3), UserMsg(4, torch.tensor([9], dtype=torch.int32), params)]
+        ),
         DetokenizeMsg(1, 42, False),
         DetokenizeMsg(2, -1, True, error="the prompt has 0 tokens"),
         TokenizeMsg(5, "héllo, wörld ✓", params),
-        TokenizeMsg(6, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], params),
+        TokenizeMsg(
+            6,
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+            params,
+        ),
         AbortMsg(7),
         BatchTokenizerMsg([DetokenizeMsg(8, 1, False), AbortMsg(9)]),
         UserReply(10, " Paris", True),
         BatchFrontendMsg([UserReply(11, "", False, error="refused")]),
-    ]  # fmt: skip
+    ]
 
 
 def test_every_message_type_round_trips() -> None:
@@ -123,11 +131,17 @@ def test_every_message_type_round_trips() -> None:
 
 @pytest.mark.parametrize(
     "tensor",
-    [torch.tensor([1, 2, 3], dtype=torch.int32), torch.arange(10, dtype=torch.int64),
-     torch.randn(3, 4), torch.randn(5).to(torch.bfloat16), torch.tensor([True, False]),
-     torch.empty(0, dtype=torch.int32), torch.arange(12, dtype=torch.int32).view(3, 4).t()],
+    [
+        torch.tensor([1, 2, 3], dtype=torch.int32),
+        torch.arange(10, dtype=torch.int64),
+        torch.randn(3, 4),
+        torch.randn(5).to(torch.bfloat16),
+        torch.tensor([True, False]),
+        torch.empty(0, dtype=torch.int32),
+        torch.arange(12, dtype=torch.int32).view(3, 4).t(),
+    ],
     ids=["int32", "int64", "float32-2d", "bfloat16", "bool", "empty", "non-contiguous"],
-)  # fmt: skip
+)
 def test_tensors_of_any_dtype_and_shape_round_trip(tensor: torch.Tensor) -> None:
     back = wire(UserMsg(0, tensor, SamplingParams())).input_ids
     assert back.dtype == tensor.dtype and back.shape == tensor.shape and torch.equal(back, tensor)
@@ -154,14 +168,20 @@ def test_decoders_refuse_what_they_do_not_know() -> None:
     with pytest.raises(ValueError, match="unknown message type None"):
         BaseFrontendMsg.decoder({"uid": 1})
     with pytest.raises(ValueError, match="unknown tensor dtype 'nonsense'"):
-        deserialize_type({}, {"__type__": "Tensor", "dtype": "nonsense", "shape": [1], "buffer": b"\0"})
+        deserialize_type(
+            {}, {"__type__": "Tensor", "dtype": "nonsense", "shape": [1], "buffer": b"\0"}
+        )
     with pytest.raises(TypeError, match="not a dataclass or tensor"):
         serialize_type(object())
 
 
 def test_decoded_requests_do_not_share_sampling_params() -> None:
     params = SamplingParams(max_tokens=4)
-    batch = wire(BatchBackendMsg([UserMsg(i, torch.tensor([i], dtype=torch.int32), params) for i in range(2)]))
+    batch = wire(
+        BatchBackendMsg(
+            [UserMsg(i, torch.tensor([i], dtype=torch.int32), params) for i in range(2)]
+        )
+    )
     assert batch.data[0].sampling_params == params
     assert batch.data[0].sampling_params is not batch.data[1].sampling_params
 
@@ -181,12 +201,17 @@ def echo_worker(backend_addr: str, reply_addr: str) -> None:
 def test_push_and_pull_between_processes(folder: str, keep: Callable) -> None:
     replies = keep(ZmqPullQueue(f"{folder}/replies", create=True, decoder=BaseTokenizerMsg.decoder))
     requests = keep(ZmqPushQueue(f"{folder}/backend", create=False, encoder=BaseBackendMsg.encoder))
-    worker = mp.get_context("spawn").Process(target=echo_worker, args=(f"{folder}/backend", f"{folder}/replies"))
+    worker = mp.get_context("spawn").Process(
+        target=echo_worker, args=(f"{folder}/backend", f"{folder}/replies")
+    )
     worker.start()
     with stopped_on_exit(worker):
         for uid in range(3):  # sent before the worker has bound: PUSH keeps them until it has
             requests.put(UserMsg(uid, torch.zeros(uid + 2, dtype=torch.int32), SamplingParams()))
-        got = sorted((r.uid, r.next_token) for r in (receive(replies, [worker], 60, "a reply") for _ in range(3)))
+        got = sorted(
+            (r.uid, r.next_token)
+            for r in (receive(replies, [worker], 60, "a reply") for _ in range(3))
+        )
         requests.put(ExitMsg())
         finish([worker])
     assert got == [(0, 2), (1, 3), (2, 4)]
@@ -204,16 +229,23 @@ def test_pull_queue_empty_and_raw_forwarding(folder: str, keep: Callable) -> Non
 
 def test_async_queues(folder: str, keep: Callable) -> None:
     async def run() -> List[Any]:
-        to_sync = keep(ZmqAsyncPushQueue(f"{folder}/a", create=False, encoder=BaseTokenizerMsg.encoder))
+        to_sync = keep(
+            ZmqAsyncPushQueue(f"{folder}/a", create=False, encoder=BaseTokenizerMsg.encoder)
+        )
         sync_pull = keep(ZmqPullQueue(f"{folder}/a", create=True, decoder=BaseTokenizerMsg.decoder))
-        from_sync = keep(ZmqAsyncPullQueue(f"{folder}/b", create=True, decoder=BaseFrontendMsg.decoder))
+        from_sync = keep(
+            ZmqAsyncPullQueue(f"{folder}/b", create=True, decoder=BaseFrontendMsg.decoder)
+        )
         sync_push = keep(ZmqPushQueue(f"{folder}/b", create=False, encoder=BaseFrontendMsg.encoder))
         await to_sync.put(TokenizeMsg(1, "hi", SamplingParams()))
         sync_push.put(UserReply(1, "hello", True))
         assert sync_pull.socket.poll(timeout=10_000)
         return [sync_pull.get(), await asyncio.wait_for(from_sync.get(), timeout=10)]
 
-    assert asyncio.run(run()) == [TokenizeMsg(1, "hi", SamplingParams()), UserReply(1, "hello", True)]
+    assert asyncio.run(run()) == [
+        TokenizeMsg(1, "hi", SamplingParams()),
+        UserReply(1, "hello", True),
+    ]
 
 
 def test_stop_does_not_hang_on_a_peer_that_never_came(folder: str, keep: Callable) -> None:
@@ -242,13 +274,20 @@ def subscribe_late(addr: str, delay: float, received: List[Any]) -> None:
     queue.stop()
 
 
-def check_broadcast_reaches_every_rank(publisher_cls: type, folder: str, keep: Callable, ranks: int = 3) -> None:
+def check_broadcast_reaches_every_rank(
+    publisher_cls: type, folder: str, keep: Callable, ranks: int = 3
+) -> None:
     """Rank 0 publishes as soon as it can; the other ranks subscribe a little later. Each of
     them must see every message, in order: they all run the same schedule."""
     addr = f"{folder}/broadcast"
-    publisher = keep(publisher_cls(addr, create=True, encoder=BaseBackendMsg.encoder, num_subscribers=ranks - 1))
+    publisher = keep(
+        publisher_cls(addr, create=True, encoder=BaseBackendMsg.encoder, num_subscribers=ranks - 1)
+    )
     received: List[List[Any]] = [[] for _ in range(ranks - 1)]
-    threads = [threading.Thread(target=subscribe_late, args=(addr, 0.1 * (i + 1), r)) for i, r in enumerate(received)]
+    threads = [
+        threading.Thread(target=subscribe_late, args=(addr, 0.1 * (i + 1), r))
+        for i, r in enumerate(received)
+    ]
     for t in threads:
         t.start()
     sent = [AbortBackendMsg(uid) for uid in range(4)] + [ExitMsg()]
@@ -279,7 +318,9 @@ def test_fix5_a_message_sent_right_after_connect_arrives(folder: str, keep: Call
     idle machine: the main counts how often. Being a race, that count is not asserted.)"""
     for trial in range(5):
         addr = f"{folder}/right-after-connect{trial}"
-        publisher = keep(ZmqPubQueue(addr, create=True, encoder=BaseBackendMsg.encoder, num_subscribers=1))
+        publisher = keep(
+            ZmqPubQueue(addr, create=True, encoder=BaseBackendMsg.encoder, num_subscribers=1)
+        )
         subscriber = keep(ZmqSubQueue(addr, create=False, decoder=BaseBackendMsg.decoder))
         publisher.put(AbortBackendMsg(trial))
         assert subscriber.socket.poll(timeout=5000), f"trial {trial}: the message was lost"
@@ -288,7 +329,9 @@ def test_fix5_a_message_sent_right_after_connect_arrives(folder: str, keep: Call
 
 def test_waiting_for_subscribers_times_out_with_a_reason(folder: str, keep: Callable) -> None:
     addr = f"{folder}/lonely"
-    publisher = keep(ZmqPubQueue(addr, create=True, encoder=BaseBackendMsg.encoder, num_subscribers=2))
+    publisher = keep(
+        ZmqPubQueue(addr, create=True, encoder=BaseBackendMsg.encoder, num_subscribers=2)
+    )
     keep(ZmqSubQueue(addr, create=False, decoder=BaseBackendMsg.decoder))
     with pytest.raises(TimeoutError, match=r"1 of 2 subscribers joined .*lonely within 0.5 s"):
         publisher.wait_for_subscribers(timeout=0.5)

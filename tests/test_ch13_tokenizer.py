@@ -37,7 +37,11 @@ from tools.parity import DEFAULT_TEXTS, build_prompts, load_tokenizer
 from tools.processes import finish, receive, stopped_on_exit
 
 MODEL = "tiny-qwen3"  # the tiny models carry SmolLM2's real tokenizer and chat template
-TEXTS = ["Café ☕ in 東京, then 🚀 to Zürich!", "naïve façade — 100 € 👍🏽", "def f(x):\n    return x ** 2\n"]
+TEXTS = [
+    "Café ☕ in 東京, then 🚀 to Zürich!",
+    "naïve façade — 100 € 👍🏽",
+    "def f(x):\n    return x ** 2\n",
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +49,15 @@ def tokenizer():
     return load_tokenizer(MODEL)
 
 
-def stream(manager: DetokenizeManager, uid: int, ids: List[int], eos: int | None = None) -> List[str]:
+def stream(
+    manager: DetokenizeManager, uid: int, ids: List[int], eos: int | None = None
+) -> List[str]:
     """Feed one request's ids one message at a time, the last one flagged finished."""
     tokens = ids + ([eos] if eos is not None else [])
-    return [manager.detokenize([DetokenizeMsg(uid, t, i == len(tokens) - 1)])[0] for i, t in enumerate(tokens)]
+    return [
+        manager.detokenize([DetokenizeMsg(uid, t, i == len(tokens) - 1)])[0]
+        for i, t in enumerate(tokens)
+    ]
 
 
 def test_tokenize_gives_the_reference_prompts(tokenizer) -> None:
@@ -96,7 +105,11 @@ def test_interleaved_requests_keep_their_own_state(tokenizer) -> None:
     ids = {uid: tokenizer.encode(t) for uid, t in enumerate(TEXTS)}
     out: Dict[int, str] = {uid: "" for uid in ids}
     for step in range(max(map(len, ids.values()))):
-        batch = [DetokenizeMsg(uid, seq[step], step == len(seq) - 1) for uid, seq in ids.items() if step < len(seq)]
+        batch = [
+            DetokenizeMsg(uid, seq[step], step == len(seq) - 1)
+            for uid, seq in ids.items()
+            if step < len(seq)
+        ]
         for msg, piece in zip(batch, manager.detokenize(batch)):
             out[msg.uid] += piece
     assert out == dict(enumerate(TEXTS)) and manager.decode_map == {}
@@ -106,7 +119,9 @@ def test_several_tokens_of_one_request_in_one_call(tokenizer) -> None:
     ids = tokenizer.encode(TEXTS[1])
     manager = DetokenizeManager(tokenizer)
     first = manager.detokenize([DetokenizeMsg(0, t, False) for t in ids[:5]])
-    rest = manager.detokenize([DetokenizeMsg(0, t, i == len(ids) - 6) for i, t in enumerate(ids[5:])])
+    rest = manager.detokenize(
+        [DetokenizeMsg(0, t, i == len(ids) - 6) for i, t in enumerate(ids[5:])]
+    )
     assert "".join(first + rest) == TEXTS[1] and manager.decode_map == {}
 
 
@@ -134,7 +149,11 @@ def folder() -> Iterator[str]:
 
 
 def unwrap(msg) -> List:
-    return msg.data if isinstance(msg, (BatchBackendMsg, BatchFrontendMsg, BatchTokenizerMsg)) else [msg]
+    return (
+        msg.data
+        if isinstance(msg, (BatchBackendMsg, BatchFrontendMsg, BatchTokenizerMsg))
+        else [msg]
+    )
 
 
 def receive_n(queue: ZmqPullQueue, count: int, worker: mp.Process) -> List:
@@ -147,10 +166,19 @@ def receive_n(queue: ZmqPullQueue, count: int, worker: mp.Process) -> List:
 def start_worker(folder: str, local_bs: int = 4) -> mp.Process:
     """A tokenizer worker in a fresh interpreter, once it has said it is ready."""
     ack: mp.Queue = mp.get_context("spawn").Queue()
-    worker = mp.get_context("spawn").Process(target=tokenize_worker, kwargs=dict(
-        tokenizer_path=str(ensure_model(MODEL)), addr=f"{folder}/tokenizer", create=True,
-        backend_addr=f"{folder}/backend", frontend_addr=f"{folder}/frontend", local_bs=local_bs,
-        tokenizer_id=0, ack_queue=ack))  # fmt: skip
+    worker = mp.get_context("spawn").Process(
+        target=tokenize_worker,
+        kwargs=dict(
+            tokenizer_path=str(ensure_model(MODEL)),
+            addr=f"{folder}/tokenizer",
+            create=True,
+            backend_addr=f"{folder}/backend",
+            frontend_addr=f"{folder}/frontend",
+            local_bs=local_bs,
+            tokenizer_id=0,
+            ack_queue=ack,
+        ),
+    )
     worker.start()
     try:
         assert ack.get(timeout=60) == "Tokenize server 0 is ready"
@@ -168,17 +196,34 @@ def test_the_worker_tokenizes_detokenizes_and_forwards_aborts(folder: str, token
     try:
         with stopped_on_exit(worker):
             params = SamplingParams(max_tokens=3)
-            to_worker.put(BatchTokenizerMsg([
-                TokenizeMsg(0, TEXTS[0], params),
-                TokenizeMsg(1, [{"role": "user", "content": "Hi!"}], params),
-                TokenizeMsg(2, 12345, params),  # not text: refused, the worker keeps serving
-                AbortMsg(0),
-            ]))  # fmt: skip
+            to_worker.put(
+                BatchTokenizerMsg(
+                    [
+                        TokenizeMsg(0, TEXTS[0], params),
+                        TokenizeMsg(1, [{"role": "user", "content": "Hi!"}], params),
+                        TokenizeMsg(
+                            2, 12345, params
+                        ),  # not text: refused, the worker keeps serving
+                        AbortMsg(0),
+                    ]
+                )
+            )
             got = receive_n(backend, 3, worker)
-            assert [type(m) for m in got] == [UserMsg, UserMsg, AbortBackendMsg]  # arrival order kept
-            assert got[0].input_ids.tolist() == tokenizer.encode(TEXTS[0]) and got[0].sampling_params == params
-            chat = tokenizer.apply_chat_template([{"role": "user", "content": "Hi!"}], add_generation_prompt=True,
-                                                 tokenize=True, return_dict=True)["input_ids"]  # fmt: skip
+            assert [type(m) for m in got] == [
+                UserMsg,
+                UserMsg,
+                AbortBackendMsg,
+            ]  # arrival order kept
+            assert (
+                got[0].input_ids.tolist() == tokenizer.encode(TEXTS[0])
+                and got[0].sampling_params == params
+            )
+            chat = tokenizer.apply_chat_template(
+                [{"role": "user", "content": "Hi!"}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+            )["input_ids"]
             assert got[1].input_ids.tolist() == list(chat)
             refusal = receive_n(frontend, 1, worker)[0]
             assert refusal.uid == 2 and refusal.finished and "cannot tokenize" in refusal.error
@@ -197,7 +242,9 @@ def test_the_worker_tokenizes_detokenizes_and_forwards_aborts(folder: str, token
 
 
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
-def test_the_worker_stops_on_a_signal_even_if_it_inherited_sigint_ignored(folder: str, how: str) -> None:
+def test_the_worker_stops_on_a_signal_even_if_it_inherited_sigint_ignored(
+    folder: str, how: str
+) -> None:
     """A program started in the background by a script inherits SIGINT ignored, and passes
     that on to its children; Python then never turns SIGINT into KeyboardInterrupt. The
     worker sets its own handlers, so the signal still ends it, with exit code 0."""

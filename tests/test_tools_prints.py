@@ -26,6 +26,7 @@ def perturb(text: str, rules: PrintRules, scale: float, rng: random.Random) -> s
     """Move every number that a rule covers: approx numbers by `scale` times their tolerance
     (up or down at random), masked ones anywhere."""
     for rule in rules.approx:
+
         def move(match: re.Match, rule: Tolerance = rule) -> str:
             old = match.group("v")
             value = float(old)

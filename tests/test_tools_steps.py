@@ -110,10 +110,18 @@ def make_book(root: Path, overrides: Dict[str, Optional[str]] | None = None) -> 
 
 def check(root: Path, *numbers: int) -> tuple[int, str]:
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve().parents[1] / "tools" / "steps.py"),
-         "--root", str(root), "check", *map(str, numbers)],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(Path(__file__).resolve().parents[1] / "tools" / "steps.py"),
+            "--root",
+            str(root),
+            "check",
+            *map(str, numbers),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -140,9 +148,18 @@ def test_versions_resolve_to_the_latest_writer(tmp_path: Path) -> None:
 def test_build_materialises_only_that_chapters_files(tmp_path: Path) -> None:
     root = make_book(tmp_path / "book")
     assert main(["--root", str(root), "build", "0", "--out", str(tmp_path / "t0")]) == 0
-    files = sorted(p.relative_to(tmp_path / "t0").as_posix() for p in (tmp_path / "t0").rglob("*") if p.is_file())
-    assert files == ["examples/ch00_main.py", "minisgl/__init__.py", "minisgl/core.py",
-                     "tests/support.py", "tests/test_ch00_core.py"]  # fmt: skip
+    files = sorted(
+        p.relative_to(tmp_path / "t0").as_posix()
+        for p in (tmp_path / "t0").rglob("*")
+        if p.is_file()
+    )
+    assert files == [
+        "examples/ch00_main.py",
+        "minisgl/__init__.py",
+        "minisgl/core.py",
+        "tests/support.py",
+        "tests/test_ch00_core.py",
+    ]
     assert (tmp_path / "t0" / "minisgl" / "core.py").read_text() == "VALUE = 0\n"
 
 
@@ -150,12 +167,16 @@ def test_diff_shows_the_change_between_chapters(tmp_path: Path, capsys) -> None:
     root = make_book(tmp_path)
     assert main(["--root", str(root), "diff", "1", "2"]) == 0
     out = capsys.readouterr().out
-    assert "--- ch01/minisgl/util.py" in out and "+def triple(x):" in out and "-def double(x):" in out
+    assert (
+        "--- ch01/minisgl/util.py" in out and "+def triple(x):" in out and "-def double(x):" in out
+    )
     assert "core.py" not in out
 
 
 def test_a_main_that_imports_a_later_chapters_module_fails_clearly(tmp_path: Path) -> None:
-    root = make_book(tmp_path, {"examples/ch00_main.py": f"import minisgl.util\nprint('{PARITY_OK}')\n"})
+    root = make_book(
+        tmp_path, {"examples/ch00_main.py": f"import minisgl.util\nprint('{PARITY_OK}')\n"}
+    )
     code, out = check(root, 0)
     assert code != 0
     assert "chapter 00 imports minisgl.util, which only chapter 01 creates" in out
@@ -165,13 +186,25 @@ def test_a_chapter_without_the_package_cannot_import_an_installed_one(tmp_path: 
     """An installed or repository copy of the package must not leak into a chapter's run."""
     decoy = tmp_path / "decoy"
     _write(decoy, {"minisgl/__init__.py": "", "minisgl/later.py": "X = 1\n"})
-    root = make_book(tmp_path / "book", {"examples/ch00_main.py": f"import minisgl.later\nprint('{PARITY_OK}')\n"})
+    root = make_book(
+        tmp_path / "book",
+        {"examples/ch00_main.py": f"import minisgl.later\nprint('{PARITY_OK}')\n"},
+    )
     env = {**os.environ, "PYTHONPATH": str(decoy)}
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve().parents[1] / "tools" / "steps.py"),
-         "--root", str(root), "check", "0"],
-        capture_output=True, text=True, env=env, timeout=240,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(Path(__file__).resolve().parents[1] / "tools" / "steps.py"),
+            "--root",
+            str(root),
+            "check",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
     assert proc.returncode != 0
     assert "No module named 'minisgl.later'" in proc.stdout
 
@@ -180,18 +213,27 @@ def test_a_chapter_without_the_package_cannot_import_an_installed_one(tmp_path: 
     "overrides, message",
     [
         (  # creates a file that exists already
-            {"chapters/ch01/manifest.toml": 'chapter = 1\ntitle = "one"\nmain = "examples/ch01_main.py"\n'
-             'tests = ["tests/test_ch01_util.py"]\ncreates = ["minisgl/util.py", "minisgl/core.py"]\n'},
+            {
+                "chapters/ch01/manifest.toml": 'chapter = 1\ntitle = "one"\n'
+                'main = "examples/ch01_main.py"\n'
+                'tests = ["tests/test_ch01_util.py"]\ncreates = ["minisgl/util.py", '
+                '"minisgl/core.py"]\n'
+            },
             "chapter 01 says it creates minisgl/core.py, but chapter 00 already wrote it",
         ),
         (  # modifies a file nobody wrote
-            {"chapters/ch00/manifest.toml": 'chapter = 0\ntitle = "zero"\nmain = "examples/ch00_main.py"\n'
-             'tests = ["tests/test_ch00_core.py"]\ncreates = ["minisgl/__init__.py"]\nmodifies = ["minisgl/core.py"]\n'},
+            {
+                "chapters/ch00/manifest.toml": 'chapter = 0\ntitle = "zero"\n'
+                'main = "examples/ch00_main.py"\n'
+                'tests = ["tests/test_ch00_core.py"]\ncreates = ["minisgl/__init__.py"]\nmodifies '
+                '= ["minisgl/core.py"]\n'
+            },
             "chapter 00 says it modifies minisgl/core.py, which no earlier chapter wrote",
         ),
         (  # "modifies" with no change
             {"chapters/ch00/minisgl/core.py": "VALUE = 1\n"},
-            "chapter 01 says it modifies minisgl/core.py, but its version is identical to chapter 00's",
+            "chapter 01 says it modifies minisgl/core.py, but its version is identical to chapter "
+            "00's",
         ),
         (  # a stray file in a chapter folder
             {"chapters/ch01/minisgl/stray.py": "X = 1\n"},
@@ -199,7 +241,8 @@ def test_a_chapter_without_the_package_cannot_import_an_installed_one(tmp_path: 
         ),
         (  # the last version kept in the chapter folder instead of the package
             {"chapters/ch02/minisgl/util.py": "def triple(x):\n    return 3 * x\n"},
-            "chapters/ch02/minisgl/util.py should not be there: its last version belongs in the package folder",
+            "chapters/ch02/minisgl/util.py should not be there: its last version belongs in the "
+            "package folder",
         ),
         (  # the package holds a file no manifest writes
             {"minisgl/extra.py": "X = 1\n"},
@@ -210,8 +253,12 @@ def test_a_chapter_without_the_package_cannot_import_an_installed_one(tmp_path: 
             "chapter 00 writes minisgl/core.py, but chapters/ch00/minisgl/core.py is missing",
         ),
         (  # retiring a test without saying why
-            {"chapters/ch02/manifest.toml": 'chapter = 2\ntitle = "two"\nmain = "examples/ch02_main.py"\n'
-             'tests = ["tests/test_ch02_util.py"]\nmodifies = ["minisgl/util.py"]\n[retire]\n"tests/test_ch01_util.py" = ""\n'},
+            {
+                "chapters/ch02/manifest.toml": 'chapter = 2\ntitle = "two"\n'
+                'main = "examples/ch02_main.py"\n'
+                'tests = ["tests/test_ch02_util.py"]\nmodifies = '
+                '["minisgl/util.py"]\n[retire]\n"tests/test_ch01_util.py" = ""\n'
+            },
             "chapter 02 retires tests/test_ch01_util.py without a reason",
         ),
         (  # a chapter test file no manifest names
@@ -219,11 +266,21 @@ def test_a_chapter_without_the_package_cannot_import_an_installed_one(tmp_path: 
             "tests/test_ch01_orphan.py is not named by any chapter's manifest",
         ),
     ],
-    ids=["creates-existing", "modifies-missing", "modifies-unchanged", "stray-file",
-         "final-in-chapter-folder", "package-extra", "version-missing", "retire-no-reason",
-         "orphan-test"],  # fmt: skip
+    ids=[
+        "creates-existing",
+        "modifies-missing",
+        "modifies-unchanged",
+        "stray-file",
+        "final-in-chapter-folder",
+        "package-extra",
+        "version-missing",
+        "retire-no-reason",
+        "orphan-test",
+    ],
 )
-def test_manifests_that_lie_are_caught(tmp_path: Path, overrides: Dict[str, str], message: str) -> None:
+def test_manifests_that_lie_are_caught(
+    tmp_path: Path, overrides: Dict[str, str], message: str
+) -> None:
     root = make_book(tmp_path, overrides)
     assert message in "\n".join(Book(root).verify())
     code, out = check(root, 0)
@@ -231,13 +288,17 @@ def test_manifests_that_lie_are_caught(tmp_path: Path, overrides: Dict[str, str]
 
 
 def test_a_failing_test_fails_the_chapter(tmp_path: Path) -> None:
-    root = make_book(tmp_path, {"tests/test_ch00_core.py": "def test_broken():\n    assert 1 == 2\n"})
+    root = make_book(
+        tmp_path, {"tests/test_ch00_core.py": "def test_broken():\n    assert 1 == 2\n"}
+    )
     code, out = check(root, 0)
     assert code != 0 and "tests failed" in out and "0 passed, 1 failed" in out
 
 
 def test_chapters_side_by_side_report_what_one_at_a_time_reports(tmp_path: Path) -> None:
-    root = make_book(tmp_path, {"tests/test_ch00_core.py": "def test_broken():\n    assert 1 == 2\n"})
+    root = make_book(
+        tmp_path, {"tests/test_ch00_core.py": "def test_broken():\n    assert 1 == 2\n"}
+    )
     tables = []
     for jobs in ("1", "2"):
         code, out = check(root, "--jobs", jobs)  # type: ignore[arg-type]
@@ -250,7 +311,11 @@ def test_chapters_side_by_side_report_what_one_at_a_time_reports(tmp_path: Path)
 
 def test_a_parity_mismatch_fails_the_chapter(tmp_path: Path) -> None:
     root = make_book(
-        tmp_path, {"examples/ch00_main.py": "print('parity: models=1 prompts=2 tokens=9/10 min_margin=0.5000')\n"}
+        tmp_path,
+        {
+            "examples/ch00_main.py": "print('parity: models=1 prompts=2 tokens=9/10 "
+            "min_margin=0.5000')\n"
+        },
     )
     code, out = check(root, 0)
     assert code != 0 and "parity with transformers failed: 1 x 2, 9/10" in out
@@ -284,12 +349,17 @@ def test_retired_tests_stop_running_from_their_chapter(tmp_path: Path) -> None:
 
 def test_parse_and_mask_helpers() -> None:
     p = parse_parity("x\nparity: models=5 prompts=3 tokens=478/478 min_margin=0.0107\n")
-    assert p is not None and p.ok and str(p) == "5 x 3, 478/478" and p.margin == pytest.approx(0.0107)
+    assert (
+        p is not None and p.ok and str(p) == "5 x 3, 478/478" and p.margin == pytest.approx(0.0107)
+    )
     assert parse_parity("no line") is None
     assert mask_output("a 12.5\nb\n", [r"\s+[\d.]+$"]) == "a#\nb"
     # a group named v masks only itself
     row = "tiny  'x'  32   yes  0.0158   209.6\nop  0.00123"
-    assert mask_output(row, [r"^.* (?:yes|NO) +[\d.]+(?P<v> +[\d.]+)$"]) == "tiny  'x'  32   yes  0.0158#\nop  0.00123"
+    assert (
+        mask_output(row, [r"^.* (?:yes|NO) +[\d.]+(?P<v> +[\d.]+)$"])
+        == "tiny  'x'  32   yes  0.0158#\nop  0.00123"
+    )
 
 
 # ------------------------------------------------------------------ nothing hangs, nothing stays
@@ -325,18 +395,23 @@ def is_gone(pid: int) -> bool:
 
 
 def test_a_hung_main_and_its_child_are_killed_and_reported(tmp_path: Path) -> None:
-    root = make_book(tmp_path, {
-        "examples/ch00_main.py": HANGING_MAIN,
-        "chapters/ch00/manifest.toml": 'chapter = 0\ntitle = "zero"\nmain = "examples/ch00_main.py"\n'
-        'tests = ["tests/test_ch00_core.py"]\ncreates = ["minisgl/__init__.py", "minisgl/core.py"]\ntimeout = 8\n',
-    })  # fmt: skip
+    root = make_book(
+        tmp_path,
+        {
+            "examples/ch00_main.py": HANGING_MAIN,
+            "chapters/ch00/manifest.toml": 'chapter = 0\ntitle = "zero"\n'
+            'main = "examples/ch00_main.py"\n'
+            'tests = ["tests/test_ch00_core.py"]\ncreates = ["minisgl/__init__.py", '
+            '"minisgl/core.py"]\ntimeout = 8\n',
+        },
+    )
     keep = tmp_path / "kept"
     row = run_chapter(Book(root), 0, keep=keep)
     report = "\n".join(row.problems)
     assert "main examples/ch00_main.py ran past its 8 s" in report, report
     # each process is named with its command line and the stack where it waited
-    assert "examples/ch00_main.py\n" in report and "ch00_main.py\", line 15 in <module>" in report
-    assert "multiprocessing.spawn" in report and "ch00_main.py\", line 7 in wait_for_ever" in report
+    assert "examples/ch00_main.py\n" in report and 'ch00_main.py", line 15 in <module>' in report
+    assert "multiprocessing.spawn" in report and 'ch00_main.py", line 7 in wait_for_ever' in report
     (pid_file,) = keep.rglob("ch00_main.py.pid")
     child = int(pid_file.read_text())
     assert is_gone(child), f"the child {child} is still running"
@@ -359,7 +434,9 @@ print("{PARITY_OK}")
     assert is_gone(int(pid_file.read_text()))
 
 
-def test_a_number_that_depends_on_the_machine_is_compared_within_its_tolerance(tmp_path: Path) -> None:
+def test_a_number_that_depends_on_the_machine_is_compared_within_its_tolerance(
+    tmp_path: Path,
+) -> None:
     book_toml = (
         'package = "minisgl"\nsupport = ["tests/support.py"]\n[prints]\n'
         "approx = [{ pattern = 'margin (?P<v>[\\d.]+)', abs = 0.002, why = 'float32 rounding' }]\n"
@@ -374,17 +451,27 @@ def test_a_number_that_depends_on_the_machine_is_compared_within_its_tolerance(t
         """
     for printed, ok in (("0.0519", True), ("0.0535", True), ("0.0560", False)):
         main_text = f"print('double 4 took 1.5 s, margin {printed}')\nprint('{PARITY_OK}')\n"
-        root = make_book(tmp_path / printed, {
-            "chapters/book.toml": book_toml, "docs/ch01.md": page, "examples/ch01_main.py": main_text,
-        })  # fmt: skip
+        root = make_book(
+            tmp_path / printed,
+            {
+                "chapters/book.toml": book_toml,
+                "docs/ch01.md": page,
+                "examples/ch01_main.py": main_text,
+            },
+        )
         row = run_chapter(Book(root), 1, run_tests=False)
         assert row.ok == ok, (printed, row.problems)
         if not ok:
-            assert "0.0520 in the page, 0.0560 now (allowed: +-0.002; float32 rounding)" in row.problems[0]
+            assert (
+                "0.0520 in the page, 0.0560 now (allowed: +-0.002; float32 rounding)"
+                in row.problems[0]
+            )
 
 
 # ------------------------------------------------------------ carried-forward tests, selected
-def test_a_carried_forward_test_is_not_rerun_where_nothing_it_imports_changed(tmp_path: Path) -> None:
+def test_a_carried_forward_test_is_not_rerun_where_nothing_it_imports_changed(
+    tmp_path: Path,
+) -> None:
     code, out = check(make_book(tmp_path))
     assert code == 0, out
     # chapter 01 changed core.py, so test_ch00_core reran there; chapter 02 changed only util.py
@@ -405,36 +492,49 @@ def test_a_fix_that_never_reached_a_later_version_of_its_file_still_fails(tmp_pa
     assert "test_ch00_core.py::test_value" in out
 
 
-def test_deps_follow_imports_and_the_rules_for_what_the_source_does_not_spell_out(tmp_path: Path) -> None:
+def test_deps_follow_imports_and_the_rules_for_what_the_source_does_not_spell_out(
+    tmp_path: Path,
+) -> None:
     from tools.deps import ImportGraph
 
-    _write(tmp_path, {
-        "minisgl/__init__.py": "",
-        "minisgl/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from minisgl import b\n",
-        "minisgl/b.py": "",
-        "minisgl/models/__init__.py": "from .register import get\n",
-        "minisgl/models/register.py": "import importlib\ndef get(n):\n    return importlib.import_module(n, __package__)\n",
-        "minisgl/models/qwen.py": "",
-        "minisgl/kernel/__init__.py": "from .store import store\n",
-        "minisgl/kernel/store.py": "def store():\n    from . import _impl\n",
-        "minisgl/kernel/_impl.py": "",
-        "minisgl/kernel/csrc/store.cu": "",
-        "minisgl/__main__.py": "",
-        "examples/ch01_main.py": "import minisgl.a\n",
-        "tests/test_x.py": "from minisgl.kernel import store\nload('examples/ch01_main.py')\n"
-                           "cmd = ['python', '-m', 'minisgl']\n",
-        "tests/test_y.py": "import minisgl.models\n",
-    })  # fmt: skip
+    _write(
+        tmp_path,
+        {
+            "minisgl/__init__.py": "",
+            "minisgl/a.py": "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from minisgl import b\n",
+            "minisgl/b.py": "",
+            "minisgl/models/__init__.py": "from .register import get\n",
+            "minisgl/models/register.py": "import importlib\n"
+            "def get(n):\n    return importlib.import_module(n, __package__)\n",
+            "minisgl/models/qwen.py": "",
+            "minisgl/kernel/__init__.py": "from .store import store\n",
+            "minisgl/kernel/store.py": "def store():\n    from . import _impl\n",
+            "minisgl/kernel/_impl.py": "",
+            "minisgl/kernel/csrc/store.cu": "",
+            "minisgl/__main__.py": "",
+            "examples/ch01_main.py": "import minisgl.a\n",
+            "tests/test_x.py": "from minisgl.kernel import store\nload('examples/ch01_main.py')\n"
+            "cmd = ['python', '-m', 'minisgl']\n",
+            "tests/test_y.py": "import minisgl.models\n",
+        },
+    )
     graph = ImportGraph(tmp_path, "minisgl")
     assert graph.package_dependencies(["tests/test_x.py"]) == {
-        "minisgl/__init__.py", "minisgl/a.py", "minisgl/__main__.py",  # not b.py: TYPE_CHECKING
-        "minisgl/kernel/__init__.py", "minisgl/kernel/store.py", "minisgl/kernel/_impl.py",
+        "minisgl/__init__.py",
+        "minisgl/a.py",
+        "minisgl/__main__.py",  # not b.py: TYPE_CHECKING
+        "minisgl/kernel/__init__.py",
+        "minisgl/kernel/store.py",
+        "minisgl/kernel/_impl.py",
         "minisgl/kernel/csrc/store.cu",
-    }  # fmt: skip
+    }
     assert graph.package_dependencies(["tests/test_y.py"]) == {
-        "minisgl/__init__.py", "minisgl/models/__init__.py", "minisgl/models/register.py",
+        "minisgl/__init__.py",
+        "minisgl/models/__init__.py",
+        "minisgl/models/register.py",
         "minisgl/models/qwen.py",  # a computed import_module: the whole package
-    }  # fmt: skip
+    }
 
 
 def test_new_opens_a_chapter_and_keeps_every_earlier_tree(tmp_path: Path) -> None:
@@ -443,15 +543,60 @@ def test_new_opens_a_chapter_and_keeps_every_earlier_tree(tmp_path: Path) -> Non
         (root / "chapters" / "book.toml").read_text()
         + '[[plan]]\nnumber = "03"\ntitle = "three"\nsummary = "quadruple the value"\n'
     )
-    trees = {n: {p: f.read_bytes() for p, f in Book(root).package_files(n).items()} for n in (0, 1, 2)}
-    assert main(["--root", str(root), "new", "3", "quad", "--modifies", "minisgl/util.py",
-                 "--creates", "minisgl/quad.py"]) == 0  # fmt: skip
+    trees = {
+        n: {p: f.read_bytes() for p, f in Book(root).package_files(n).items()} for n in (0, 1, 2)
+    }
+    assert (
+        main(
+            [
+                "--root",
+                str(root),
+                "new",
+                "3",
+                "quad",
+                "--modifies",
+                "minisgl/util.py",
+                "--creates",
+                "minisgl/quad.py",
+            ]
+        )
+        == 0
+    )
     book = Book(root)
     for n, files in trees.items():  # every earlier chapter still sees exactly its own files
         assert {p: f.read_bytes() for p, f in book.package_files(n).items()} == files
-    assert (root / "chapters/ch02/minisgl/util.py").read_text() == "def triple(x):\n    return 3 * x\n"
+    assert (
+        root / "chapters/ch02/minisgl/util.py"
+    ).read_text() == "def triple(x):\n    return 3 * x\n"
     assert book.chapter(3).title == "three" and book.chapter(3).modifies == ["minisgl/util.py"]
     problems = "\n".join(book.verify())
     assert "chapter 03 says it modifies minisgl/util.py, but its version is identical" in problems
     (root / "minisgl/util.py").write_text("def quadruple(x):\n    return 4 * x\n")
     assert Book(root).verify() == []
+
+
+def test_a_tree_built_by_hand_imports_only_its_own_files(tmp_path: Path) -> None:
+    """The README's `steps.py build 5 --out DIR && cd DIR && python examples/...`, with the
+    repository installed in editable mode (as the set-up does): a module chapter 05 does not
+    have must not come from the finished package."""
+    root = Path(__file__).resolve().parents[1]
+    tree = Book(root).build(5, tmp_path / "ch05")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MINISGL_BOOK_TREE")}
+    probe = (
+        "import sys; sys.path.insert(0, '.')\n"
+        "import minisgl.core\n"
+        "try:\n    import minisgl.scheduler\nexcept ModuleNotFoundError as e:\n    "
+        "print('missing:', e)\n"
+        "else:\n    print('LEAKED', minisgl.scheduler.__file__)\n"
+        "print('core from', minisgl.core.__file__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    assert "missing: No module named 'minisgl.scheduler'" in out, out
+    assert f"core from {tree.resolve()}/minisgl/core.py" in out, out

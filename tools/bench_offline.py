@@ -30,11 +30,28 @@ import torch  # noqa: E402
 
 from tools.models import SMOLLM2, ensure_model  # noqa: E402
 
-SYSTEM = ("You are a friendly tutor. Explain things step by step, give one small example, and "
-          "end with a question that checks understanding. Keep a calm and encouraging tone. ") * 3  # fmt: skip
-TOPICS = ["fractions", "photosynthesis", "gravity", "loops in Python", "the water cycle", "verbs",
-          "prime numbers", "volcanoes", "electricity", "maps", "the moon", "recipes", "music notes",
-          "magnets", "the alphabet", "clouds"]  # fmt: skip
+SYSTEM = (
+    "You are a friendly tutor. Explain things step by step, give one small example, and "
+    "end with a question that checks understanding. Keep a calm and encouraging tone. "
+) * 3
+TOPICS = [
+    "fractions",
+    "photosynthesis",
+    "gravity",
+    "loops in Python",
+    "the water cycle",
+    "verbs",
+    "prime numbers",
+    "volcanoes",
+    "electricity",
+    "maps",
+    "the moon",
+    "recipes",
+    "music notes",
+    "magnets",
+    "the alphabet",
+    "clouds",
+]
 NEW_TOKENS = 48
 OUT = ROOT / "docs" / "data" / "ch11-offline-bench.md"
 
@@ -42,9 +59,13 @@ OUT = ROOT / "docs" / "data" / "ch11-offline-bench.md"
 def workload(tok) -> List[List[int]]:
     prompts = []
     for i in range(32):
-        question = f"Teach me about {TOPICS[i % len(TOPICS)]}" + (" in simple words." if i >= 16 else ".")
+        question = f"Teach me about {TOPICS[i % len(TOPICS)]}" + (
+            " in simple words." if i >= 16 else "."
+        )
         chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
-        prompts.append(tok(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)).input_ids)
+        prompts.append(
+            tok(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)).input_ids
+        )
     return prompts
 
 
@@ -73,7 +94,9 @@ def run_transformers(path: str, prompts: List[List[int]]) -> Tuple[float, int]:
 
     def go() -> int:
         with torch.inference_mode():
-            out = model.generate(**batch, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+            out = model.generate(
+                **batch, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
+            )
         return (out.shape[1] - batch["input_ids"].shape[1]) * len(prompts)
 
     return best_of(lambda: timed(go))
@@ -103,8 +126,15 @@ def run_minisgl(
     def once() -> Tuple[float, int]:
         # a fresh engine each time: a prefix cache left warm by the last run would flatter it
         ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
-        llm = CountingLLM(path, dtype=torch.float32, max_running_req=32, page_size=16,
-                          num_page_override=1024, cache_type=cache_type, max_extend_tokens=budget)  # fmt: skip
+        llm = CountingLLM(
+            path,
+            dtype=torch.float32,
+            max_running_req=32,
+            page_size=16,
+            num_page_override=1024,
+            cache_type=cache_type,
+            max_extend_tokens=budget,
+        )
         try:
             llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
             llm.computed = llm.prefills = 0
@@ -134,7 +164,15 @@ def main() -> int:
     lengths = [len(p) for p in prompts]
     shared = len(os.path.commonprefix(prompts))
     hf_seconds, hf_tokens = run_transformers(path, prompts)
-    rows = [("transformers `generate`, one batch of 32 (left-padded)", hf_seconds, hf_tokens, sum(lengths), 1)]
+    rows = [
+        (
+            "transformers `generate`, one batch of 32 (left-padded)",
+            hf_seconds,
+            hf_tokens,
+            sum(lengths),
+            1,
+        )
+    ]
     configs = [
         ("minisgl `LLM.generate`: radix cache, prefill budget 512, overlap", "radix", 512, True),
         ("the same, with the naive cache instead of the radix cache", "naive", 512, True),
@@ -152,7 +190,8 @@ def main() -> int:
         f"system prompt), {NEW_TOKENS} new tokens each ({32 * NEW_TOKENS} in all); best of "
         f"{REPEAT} runs. Regenerate with `python tools/bench_offline.py`.",
         "",
-        "| configuration | seconds | generated tokens/s | prompt tokens computed | prefill batches |",
+        "| configuration | seconds | generated tokens/s | prompt tokens computed | prefill "
+        "batches |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     lines += [

@@ -73,9 +73,21 @@ def load_manifest(path: Path) -> Manifest:
     except tomllib.TOMLDecodeError as e:
         raise BookError(f"{path}: not valid TOML: {e}") from e
     known = {
-        "chapter", "title", "main", "tests", "creates", "modifies", "early", "upstream",
-        "retire", "exercise", "page", "prints", "parity", "timeout",
-    }  # fmt: skip
+        "chapter",
+        "title",
+        "main",
+        "tests",
+        "creates",
+        "modifies",
+        "early",
+        "upstream",
+        "retire",
+        "exercise",
+        "page",
+        "prints",
+        "parity",
+        "timeout",
+    }
     unknown = set(data) - known
     if unknown:
         raise BookError(f"{path}: unknown keys {sorted(unknown)}")
@@ -180,14 +192,14 @@ class Book:
         return sorted(
             path
             for path in set(old) | set(new)
-            if path not in old or path not in new or old[path].read_bytes() != new[path].read_bytes()
+            if path not in old
+            or path not in new
+            or old[path].read_bytes() != new[path].read_bytes()
         )
 
     def tests_at(self, number: int) -> List[str]:
         retired = {t for m in self.chapters if m.number <= number for t in m.retire}
-        return [
-            t for m in self.chapters if m.number <= number for t in m.tests if t not in retired
-        ]
+        return [t for m in self.chapters if m.number <= number for t in m.tests if t not in retired]
 
     def retired_tests(self) -> Dict[str, Tuple[int, str]]:
         return {t: (m.number, why) for m in self.chapters for t, why in m.retire.items()}
@@ -231,10 +243,16 @@ class Book:
         version: Dict[str, Path] = {}
         for m in self.chapters:
             seen: Dict[str, str] = {}
-            for kind, paths in (("creates", m.creates), ("modifies", m.modifies), ("early", m.early)):
+            for kind, paths in (
+                ("creates", m.creates),
+                ("modifies", m.modifies),
+                ("early", m.early),
+            ):
                 for path in paths:
                     if path in seen:
-                        problems.append(f"chapter {m.label} names {path} twice ({seen[path]}, {kind})")
+                        problems.append(
+                            f"chapter {m.label} names {path} twice ({seen[path]}, {kind})"
+                        )
                     seen[path] = kind
                     if not path.startswith(self.package + "/"):
                         problems.append(f"chapter {m.label} {kind} {path}, outside {self.package}/")
@@ -245,11 +263,15 @@ class Book:
                         )
                     if kind == "modifies" and path not in existing:
                         problems.append(
-                            f"chapter {m.label} says it modifies {path}, which no earlier chapter wrote"
+                            f"chapter {m.label} says it modifies {path}, which no earlier chapter "
+                            "wrote"
                         )
                     stored = self.stored_at(path, m)
                     if not stored.exists():
-                        problems.append(f"chapter {m.label} writes {path}, but {_rel(stored, self.root)} is missing")
+                        problems.append(
+                            f"chapter {m.label} writes {path}, but {_rel(stored, self.root)} is "
+                            "missing"
+                        )
                     elif kind == "modifies" and path in version and version[path].exists():
                         if stored.read_bytes() == version[path].read_bytes():
                             problems.append(
@@ -258,9 +280,7 @@ class Book:
                             )
                     existing[path], version[path] = m, stored
             # the chapter folder holds exactly its non-final versions and the manifest
-            expected = {
-                path for path in m.writes if self.stored_at(path, m) == m.folder / path
-            }
+            expected = {path for path in m.writes if self.stored_at(path, m) == m.folder / path}
             present = {
                 str(p.relative_to(m.folder)).replace(os.sep, "/")
                 for p in m.folder.rglob("*")
@@ -279,26 +299,36 @@ class Book:
                 if not (self.root / t).exists():
                     problems.append(f"chapter {m.label}'s test file {t} is missing")
                 elif not Path(t).name.startswith(f"test_ch{m.label}_"):
-                    problems.append(f"chapter {m.label}'s test file {t} should be named test_ch{m.label}_*.py")
+                    problems.append(
+                        f"chapter {m.label}'s test file {t} should be named test_ch{m.label}_*.py"
+                    )
             for t, why in m.retire.items():
                 if not why.strip():
                     problems.append(f"chapter {m.label} retires {t} without a reason")
-                if not any(t in earlier.tests for earlier in self.chapters if earlier.number < m.number):
+                if not any(
+                    t in earlier.tests for earlier in self.chapters if earlier.number < m.number
+                ):
                     problems.append(f"chapter {m.label} retires {t}, which no earlier chapter runs")
             if m.page and not (self.root / m.page).exists():
                 problems.append(f"chapter {m.label}'s page {m.page} is missing")
         # the finished package is exactly the last chapter's tree
         final = set(self.package_files(self.last.number))
         package_dir = self.root / self.package
-        on_disk = {
-            str(p.relative_to(self.root)).replace(os.sep, "/")
-            for p in package_dir.rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")
-        } if package_dir.exists() else set()  # fmt: skip
+        on_disk = (
+            {
+                str(p.relative_to(self.root)).replace(os.sep, "/")
+                for p in package_dir.rglob("*")
+                if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")
+            }
+            if package_dir.exists()
+            else set()
+        )
         for extra in sorted(on_disk - final):
             problems.append(f"{extra} is in {self.package}/, but no chapter's manifest writes it")
         for missing in sorted(final - on_disk):
-            problems.append(f"{missing} belongs to the last chapter's tree but is not in {self.package}/")
+            problems.append(
+                f"{missing} belongs to the last chapter's tree but is not in {self.package}/"
+            )
         # every chapter test file on disk belongs to a manifest
         claimed = {t for m in self.chapters for t in m.tests}
         for f in sorted((self.root / "tests").glob("test_ch*.py")):

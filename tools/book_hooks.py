@@ -27,7 +27,9 @@ if str(ROOT) not in sys.path:
 
 from tools.book import Book, BookError, tomllib  # noqa: E402
 
-CODE_RE = re.compile(r"^<!-- code(?:\[(?P<chapter>\d+)\])?: (?P<path>[^\s:]+)(?:::(?P<symbol>[\w.]+))? -->$", re.M)
+CODE_RE = re.compile(
+    r"^<!-- code(?:\[(?P<chapter>\d+)\])?: (?P<path>[^\s:]+)(?:::(?P<symbol>[\w.]+))? -->$", re.M
+)
 TREE_RE = re.compile(r"^<!-- tree\[(?P<chapter>\d+)\] -->$", re.M)
 ROADMAP_RE = re.compile(r"^<!-- roadmap -->$", re.M)
 
@@ -50,9 +52,11 @@ def symbol_lines(source: str, qualname: str) -> Tuple[int, int]:
     node: Optional[ast.AST] = None
     for part in qualname.split("."):
         candidates = [
-            n for n in scope
-            if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == part
-        ]  # fmt: skip
+            n
+            for n in scope
+            if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.name == part
+        ]
         if not candidates:
             raise BookError(f"{qualname}: no {part!r}")
         node = candidates[-1]
@@ -95,14 +99,19 @@ def render_tree(book: Book, chapter: int) -> str:
         rows.append(("    " * (len(parts) - 1) + parts[-1], marks.get(path, "")))
         previous = parts[:-1]
     width = max(len(r[0]) for r in rows) + 2
-    text = "\n".join(f"{name:{width}}{('<- ' + mark) if mark else ''}".rstrip() for name, mark in rows)
+    text = "\n".join(
+        f"{name:{width}}{('<- ' + mark) if mark else ''}".rstrip() for name, mark in rows
+    )
     return f"```text\n{text}\n```"
 
 
 def render_roadmap(book: Book) -> str:
     settings = tomllib.loads((book.root / "chapters" / "book.toml").read_text())
     written = {m.label: m for m in book.chapters if m.page}
-    rows = ["| # | chapter | what the engine can do at its end | status |", "| --- | --- | --- | --- |"]
+    rows = [
+        "| # | chapter | what the engine can do at its end | status |",
+        "| --- | --- | --- | --- |",
+    ]
     for item in settings.get("plan", []):
         label = item["number"]
         title = item["title"]

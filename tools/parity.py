@@ -125,7 +125,9 @@ def hf_references(
                 with torch.inference_mode():
                     out = hf.generate(
                         torch.tensor([prompts[i]], device=device),
-                        attention_mask=torch.ones(1, len(prompts[i]), dtype=torch.long, device=device),
+                        attention_mask=torch.ones(
+                            1, len(prompts[i]), dtype=torch.long, device=device
+                        ),
                         max_new_tokens=n,
                         do_sample=False,
                         output_logits=True,
@@ -140,6 +142,11 @@ def hf_references(
             tmp.write_text(json.dumps(known))
             os.replace(tmp, store)
     return [Reference(known[k]["tokens"], known[k]["margins"]) for k in keys]
+
+
+def show_token(tok, tokens: List[int], pos: int) -> str:
+    """Token `pos` of `tokens` with its text, or "end" past the last one."""
+    return f"{tokens[pos]} {tok.decode([tokens[pos]])!r}" if pos < len(tokens) else "end"
 
 
 @dataclass
@@ -196,7 +203,10 @@ def run_parity_cases(
     tokens of every case; `runs` says how many times each case is generated (with different
     engine settings, say), and all runs are compared. Prints one row per model and run."""
     summary = Summary(models=len(models))
-    print(f"{'model':14s} {'run':>3s} {'prompts':>7s} {'tokens':>7s} {'matched':>7s} {'min margin':>10s}")
+    print(
+        f"{'model':14s} {'run':>3s} {'prompts':>7s} {'tokens':>7s} {'matched':>7s} "
+        f"{'min margin':>10s}"
+    )
     for name in models:
         cases = cases_for(name)
         refs = [hf_references(name, [c.prompt], c.max_new_tokens)[0] for c in cases]
@@ -211,9 +221,14 @@ def run_parity_cases(
                 if c.divergence is not None:
                     summary.failures.append(f"{name} run {run} {case.label}")
                     pos = c.divergence
-                    show = lambda t: f"{t[pos]} {tok.decode([t[pos]])!r}" if pos < len(t) else "end"  # noqa: E731
-                    print(f"  {case.label}: first divergence at generated token {pos}: ours "
-                          f"{show(list(ours))}, transformers {show(ref.tokens)}")  # fmt: skip
+                    mine, theirs = (
+                        show_token(tok, list(ours), pos),
+                        show_token(tok, ref.tokens, pos),
+                    )
+                    print(
+                        f"  {case.label}: first divergence at generated token {pos}: ours "
+                        f"{mine}, transformers {theirs}"
+                    )
             summary.prompts += len(cases)
             summary.matched += matched
             summary.total += total
@@ -251,14 +266,18 @@ def run_parity(
             summary.total += c.total
             summary.margin = min(summary.margin, c.margin)
             ok = "yes" if c.divergence is None else "NO"
-            print(f"{name:14s} {text[:26]!r:28s} {c.total:6d} {ok:>5s} {c.margin:7.4f} {speed:7.1f}")
+            print(
+                f"{name:14s} {text[:26]!r:28s} {c.total:6d} {ok:>5s} {c.margin:7.4f} {speed:7.1f}"
+            )
             if c.divergence is not None:
                 summary.failures.append(f"{name} {text!r}")
                 pos = c.divergence
-                show = lambda t: f"{t[pos]} {tok.decode([t[pos]])!r}" if pos < len(t) else "end"  # noqa: E731
                 margin = ref.margins[min(pos, len(ref.margins) - 1)] if ref.margins else math.nan
-                print(f"  first divergence at generated token {pos}: ours {show(list(ours))}, "
-                      f"transformers {show(ref.tokens)}, top-2 margin there {margin:.4f}")  # fmt: skip
+                mine, theirs = show_token(tok, list(ours), pos), show_token(tok, ref.tokens, pos)
+                print(
+                    f"  first divergence at generated token {pos}: ours {mine}, "
+                    f"transformers {theirs}, top-2 margin there {margin:.4f}"
+                )
             elif show_text and name == SMOLLM2:
                 print(f"  -> {tok.decode(list(ours))!r}")
     print(summary.line())

@@ -117,9 +117,12 @@ def compare(shown: str, fresh: str, rules: PrintRules) -> List[str]:
     fresh_skeleton, fresh_numbers = skeleton(fresh, rules)
     if shown_skeleton != fresh_skeleton:
         diff = difflib.unified_diff(
-            shown_skeleton.splitlines(), fresh_skeleton.splitlines(), "in the page", "the main now",
+            shown_skeleton.splitlines(),
+            fresh_skeleton.splitlines(),
+            "in the page",
+            "the main now",
             lineterm="",
-        )  # fmt: skip
+        )
         return ["\n".join(diff)]
     problems = []
     for (rule, a), (_, b) in zip(shown_numbers, fresh_numbers):

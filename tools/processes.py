@@ -53,7 +53,9 @@ def receive(queue: Queue[T], peers: Sequence[BaseProcess], timeout: float, what:
                     f"{what} (its traceback, if any, is on stderr)"
                 )
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout} s; {', '.join(map(describe, peers))} alive")
+            raise TimeoutError(
+                f"no {what} within {timeout} s; {', '.join(map(describe, peers))} alive"
+            )
 
 
 def force_stop(processes: Sequence[BaseProcess], grace: float = 5.0) -> None:

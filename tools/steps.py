@@ -143,7 +143,8 @@ def explain_import_failure(book: Book, number: int, stderr: str) -> List[str]:
             owner = book.creator_of(candidate)
             if owner is not None and owner.number > number:
                 notes.append(
-                    f"chapter {number:02d} imports {module}, which only chapter {owner.label} creates: "
+                    f"chapter {number:02d} imports {module}, which only chapter {owner.label} "
+                    "creates: "
                     f"a chapter may use only the files of its own tree (bring the file in early, "
                     f"or move the code to chapter {owner.label})"
                 )
@@ -197,8 +198,10 @@ class Selection:
         missed = sorted(seen - self.predicted)
         if not missed:
             return []
-        return [f"the tests loaded {', '.join(missed)}, which tools/deps.py did not count among "
-                f"their dependencies: it would skip them wrongly when only those files change"]  # fmt: skip
+        return [
+            f"the tests loaded {', '.join(missed)}, which tools/deps.py did not count among "
+            f"their dependencies: it would skip them wrongly when only those files change"
+        ]
 
 
 def select_tests(
@@ -269,10 +272,23 @@ def run_chapter(
             junit, loaded = work / "junit.xml", work / "loaded"
             loaded.mkdir()
             pytest = supervise.run(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs",
-                 f"--junitxml={junit}", "--rootdir", str(tree), *selection.run],
-                tree, {**env, "MINISGL_BOOK_LOADED": str(loaded)}, chapter.timeout,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    "-rfEs",
+                    f"--junitxml={junit}",
+                    "--rootdir",
+                    str(tree),
+                    *selection.run,
+                ],
+                tree,
+                {**env, "MINISGL_BOOK_LOADED": str(loaded)},
+                chapter.timeout,
+            )
             row.tests, row.tests_seconds = junit_counts(junit), pytest.seconds
             row.tests.files_run, row.tests.unchanged = len(selection.run), selection.unchanged
             row.problems.extend(pytest.report("the tests", chapter.timeout))
@@ -296,18 +312,41 @@ def run_chapter(
 
 
 def format_table(rows: Iterable[Row]) -> str:
-    header = ("chapter", "files", "main", "tests", "test files run", "HF parity (models x prompts, tokens)",
-              "min margin", "main s", "tests s", "result")  # fmt: skip
+    header = (
+        "chapter",
+        "files",
+        "main",
+        "tests",
+        "test files run",
+        "HF parity (models x prompts, tokens)",
+        "min margin",
+        "main s",
+        "tests s",
+        "result",
+    )
     lines = []
     for r in rows:
-        tests = f"{r.tests.passed} passed" + (f", {r.tests.failed} failed" if r.tests.failed else "")
+        tests = f"{r.tests.passed} passed" + (
+            f", {r.tests.failed} failed" if r.tests.failed else ""
+        )
         tests += f", {len(r.tests.skipped)} skipped" if r.tests.skipped else ""
         files_run = f"{r.tests.files_run} of {r.tests.files_run + len(r.tests.unchanged)}"
         parity = str(r.parity) if r.parity else ("-" if not r.chapter.parity else "none")
         margin = f"{r.parity.margin:.4f}" if r.parity else "-"
-        lines.append((r.chapter.label, str(r.files), "ok" if r.main_ok else "FAIL", tests, files_run,
-                      parity, margin, f"{r.main_seconds:.0f}", f"{r.tests_seconds:.0f}",
-                      "ok" if r.ok else "FAIL"))  # fmt: skip
+        lines.append(
+            (
+                r.chapter.label,
+                str(r.files),
+                "ok" if r.main_ok else "FAIL",
+                tests,
+                files_run,
+                parity,
+                margin,
+                f"{r.main_seconds:.0f}",
+                f"{r.tests_seconds:.0f}",
+                "ok" if r.ok else "FAIL",
+            )
+        )
     widths = [max(len(x) for x in col) for col in zip(header, *lines)]
     fmt = "  ".join(f"{{:{w}}}" for w in widths)
     rule = fmt.format(*("-" * w for w in widths))
@@ -325,9 +364,11 @@ def cmd_check(
     all_tests: bool = False,
 ) -> int:
     problems = book.verify()
-    print(f"manifests: {len(book.chapters)} chapters, "
-          f"{len(book.package_files(book.last.number))} package files in the last tree; "
-          f"{'consistent' if not problems else f'{len(problems)} problem(s)'}")  # fmt: skip
+    print(
+        f"manifests: {len(book.chapters)} chapters, "
+        f"{len(book.package_files(book.last.number))} package files in the last tree; "
+        f"{'consistent' if not problems else f'{len(problems)} problem(s)'}"
+    )
     for p in problems:
         print(f"  - {p}")
     chosen = numbers or [m.number for m in book.chapters]
@@ -337,21 +378,38 @@ def cmd_check(
         # a carried-forward test may skip a chapter only if it ran in the chapter before it,
         # in this same check, with the same dependencies
         before = book.previous(n)
-        since = before.number if before is not None and before.number in chosen and not all_tests else None
-        return run_chapter(book, n, keep=keep, verbose=verbose, run_tests=not mains_only,
-                           check_prints=check_prints, threads=1 if jobs > 1 else None,
-                           since=since)  # fmt: skip
+        since = (
+            before.number
+            if before is not None and before.number in chosen and not all_tests
+            else None
+        )
+        return run_chapter(
+            book,
+            n,
+            keep=keep,
+            verbose=verbose,
+            run_tests=not mains_only,
+            check_prints=check_prints,
+            threads=1 if jobs > 1 else None,
+            since=since,
+        )
 
     def report(row: Row) -> None:
         state = "ok" if row.ok else "FAILED"
-        print(f"chapter {row.chapter.label}: {row.chapter.title}: {state} ({row.seconds:.0f} s)", flush=True)
+        print(
+            f"chapter {row.chapter.label}: {row.chapter.title}: {state} ({row.seconds:.0f} s)",
+            flush=True,
+        )
         for p in row.problems:
             print(f"  - {p}")
         for skipped in row.tests.skipped:
             print(f"  skipped {skipped}")
         if row.tests.unchanged:
-            print(f"  not rerun (no file they depend on changed since chapter "
-                  f"{book.previous(row.chapter.number).label}): {', '.join(Path(t).name for t in row.tests.unchanged)}")  # fmt: skip
+            print(
+                f"  not rerun (no file they depend on changed since chapter "
+                f"{book.previous(row.chapter.number).label}): "
+                f"{', '.join(Path(t).name for t in row.tests.unchanged)}"
+            )
 
     if jobs == 1:
         rows = []
@@ -398,7 +456,8 @@ def cmd_diff(book: Book, a: int, b: int) -> int:
         label_a = f"ch{a:02d}/{path}" if path in old else "/dev/null"
         label_b = f"ch{b:02d}/{path}" if path in new else "/dev/null"
         sys.stdout.writelines(
-            line + "\n" for line in difflib.unified_diff(before, after, label_a, label_b, lineterm="")
+            line + "\n"
+            for line in difflib.unified_diff(before, after, label_a, label_b, lineterm="")
         )
     return 0
 
@@ -481,8 +540,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         if args.command == "check":
             return cmd_check(
-                book, args.numbers, args.keep, args.verbose, args.mains_only, not args.no_prints,
-                args.jobs, args.all_tests,
+                book,
+                args.numbers,
+                args.keep,
+                args.verbose,
+                args.mains_only,
+                not args.no_prints,
+                args.jobs,
+                args.all_tests,
             )
         if args.command == "diff":
             return cmd_diff(book, args.a, args.b)

@@ -14,8 +14,8 @@ from minisgl.distributed import reset_tp_info, set_tp_info
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.layers import set_rope_device
 from minisgl.models import create_model, load_weight
-from minisgl.utils import div_even, init_logger, torch_dtype
 from minisgl.utils import device as dev
+from minisgl.utils import div_even, init_logger, torch_dtype
 
 from .config import EngineConfig
 from .sample import BatchSamplingArgs, Sampler

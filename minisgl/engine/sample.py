@@ -67,8 +67,9 @@ class Sampler:
         params = [r.sampling_params for r in batch.reqs]
         if all(p.is_greedy for p in params):
             return BatchSamplingArgs(temperatures=None)
-        temperatures = [MIN_TEMPERATURE if p.is_greedy else max(p.temperature, MIN_TEMPERATURE)
-                        for p in params]  # fmt: skip
+        temperatures = [
+            MIN_TEMPERATURE if p.is_greedy else max(p.temperature, MIN_TEMPERATURE) for p in params
+        ]
         top_ks = [p.top_k if p.top_k >= 1 else self.vocab_size for p in params]
         top_ps = [min(max(p.top_p, MIN_TOP_P), 1.0) for p in params]
         args = BatchSamplingArgs(make_device_tensor(temperatures, torch.float32, self.device))

@@ -161,7 +161,9 @@ class RadixPrefixCache(BasePrefixCache):
         if size == 0:
             return self.empty_tensor
         if size > self.evictable_size:
-            raise RuntimeError(f"cannot evict {size} tokens: only {self.evictable_size} are evictable")
+            raise RuntimeError(
+                f"cannot evict {size} tokens: only {self.evictable_size} are evictable"
+            )
         leaves = self._collect_leave_nodes_for_evict()
         heapq.heapify(leaves)
         evicted: List[torch.Tensor] = []

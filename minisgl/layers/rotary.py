@@ -86,7 +86,9 @@ def _get_rope(
         return RotaryEmbedding(head_dim, rotary_dim, max_position, base)
     assert rope_scaling is not None
     if kind == "llama3":
-        return RotaryEmbedding(head_dim, rotary_dim, max_position, base, _llama3_scaling(rope_scaling))
+        return RotaryEmbedding(
+            head_dim, rotary_dim, max_position, base, _llama3_scaling(rope_scaling)
+        )
     if kind == "linear":  # positions divided by `factor`, i.e. every frequency slowed down
         factor = float(rope_scaling["factor"])
         return RotaryEmbedding(head_dim, rotary_dim, max_position, base, lambda f: f / factor)

@@ -62,7 +62,8 @@ class ModelConfig:
             rotary_config=_rotary_config(config, head_dim),
             hidden_act=config.hidden_act,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            num_experts=getattr(config, "num_local_experts", getattr(config, "num_experts", 0)) or 0,
+            num_experts=getattr(config, "num_local_experts", getattr(config, "num_experts", 0))
+            or 0,
             num_experts_per_tok=getattr(config, "num_experts_per_tok", 0) or 0,
             moe_intermediate_size=getattr(config, "moe_intermediate_size", 0) or 0,
             norm_topk_prob=bool(getattr(config, "norm_topk_prob", False)),

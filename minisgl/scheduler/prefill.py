@@ -74,7 +74,9 @@ class PrefillAdder:
         """Token slots the request will take beyond its cached prefix, to its last possible
         token, counted in whole pages: its last page may be only partly used."""
         page_size = self.cache_manager.page_size
-        return align_ceil(req.input_len + req.output_len, page_size) - align_ceil(cached_len, page_size)
+        return align_ceil(req.input_len + req.output_len, page_size) - align_ceil(
+            cached_len, page_size
+        )
 
     def _add_one_req(
         self,

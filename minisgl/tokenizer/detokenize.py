@@ -60,7 +60,9 @@ class DetokenizeManager:
         contexts: List[List[int]] = []
         for msg in msgs:
             s = self.decode_map.setdefault(msg.uid, DecodeStatus())
-            keep = msg.next_token >= 0 and not (msg.finished and msg.next_token == self.eos_token_id)
+            keep = msg.next_token >= 0 and not (
+                msg.finished and msg.next_token == self.eos_token_id
+            )
             if keep:  # a refused request has no token; a final EOS is not text
                 s.decoded_ids.append(msg.next_token)
             windows.append(s.decoded_ids[s.surr_offset :])

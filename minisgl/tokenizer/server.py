@@ -79,8 +79,10 @@ def tokenize_worker(
             detokenize = [m for m in pending if isinstance(m, DetokenizeMsg)]
             if detokenize:
                 pieces = detokenize_manager.detokenize(detokenize)
-                replies = [UserReply(m.uid, piece, m.finished, error=m.error)
-                           for m, piece in zip(detokenize, pieces)]  # fmt: skip
+                replies = [
+                    UserReply(m.uid, piece, m.finished, error=m.error)
+                    for m, piece in zip(detokenize, pieces)
+                ]
                 send_frontend.put(_batched(replies, BatchFrontendMsg))
 
             requests: List[BaseBackendMsg] = []

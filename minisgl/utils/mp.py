@@ -46,7 +46,9 @@ def _open(
 ) -> zmq.Socket:
     socket = context.socket(kind)
     socket.setsockopt(zmq.LINGER, LINGER_MS)  # so stop() cannot hang on a peer that is gone
-    for option, value in (options or {}).items():  # before bind or connect: they hold from the start
+    for option, value in (
+        options or {}
+    ).items():  # before bind or connect: they hold from the start
         socket.setsockopt(option, value)
     if create:
         socket.bind(addr)
@@ -134,6 +136,8 @@ class ZmqAsyncPullQueue(_ZmqQueue, Generic[T]):
 
     async def get(self) -> T:
         return _unpack(self.decoder, await self.socket.recv())
+
+
 class ZmqPubQueue(_ZmqQueue, Generic[T]):
     """One sender, `num_subscribers` receivers that each get every message.
 

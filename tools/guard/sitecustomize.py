@@ -27,7 +27,8 @@ sys.meta_path[:] = [f for f in sys.meta_path if _PKG not in type(f).__module__]
 sys.path[:] = [
     p
     for p in sys.path
-    if os.path.realpath(p or ".") == _TREE or not os.path.exists(os.path.join(p or ".", _PKG, "__init__.py"))
+    if os.path.realpath(p or ".") == _TREE
+    or not os.path.exists(os.path.join(p or ".", _PKG, "__init__.py"))
 ]
 
 

@@ -44,15 +44,28 @@ def fig_req_lengths() -> str:
     def bracket(by: float, a: int, b: int, text: str, color: str | None) -> None:
         xa, xb = x0 + a * cw, x0 + b * cw - 6
         s.path(f"M{xa},{by - 4} V{by} H{xb} V{by - 4}", color=color, width=1.4, arrow_end=False)
-        s.text((xa + xb) / 2, by + 16, text, size=12.5, anchor="middle", color=color,
-               muted=color is None)  # fmt: skip
+        s.text(
+            (xa + xb) / 2,
+            by + 16,
+            text,
+            size=12.5,
+            anchor="middle",
+            color=color,
+            muted=color is None,
+        )
 
     for r, (title, how, cached, device) in enumerate(rows):
         y = top + r * pitch  # top of the marker labels
         sy = y + 22  # top of the slots
         s.text(16, sy + 16, title, size=15, bold=True)
-        s.text(16, sy + 36, f"extend_len={device - cached}, remain_len={max_len - device}",
-               size=12.5, mono=True, muted=True)  # fmt: skip
+        s.text(
+            16,
+            sy + 36,
+            f"extend_len={device - cached}, remain_len={max_len - device}",
+            size=12.5,
+            mono=True,
+            muted=True,
+        )
         if r:
             s.text(16, y - 18, how, size=12.5, italic=True, muted=True)
         for i in range(max_len):
@@ -62,8 +75,16 @@ def fig_req_lengths() -> str:
                 s.box(x, sy, cw - 6, sh, CYAN, rx=5, fill_opacity=0.25, stroke_width=1.2)
             elif i < device:
                 fresh = i >= len(prompt)  # a sampled token, not part of the prompt
-                s.box(x, sy, cw - 6, sh, GREEN if fresh else ORANGE, rx=5, fill_opacity=0.32,
-                      stroke_width=1.8)  # fmt: skip
+                s.box(
+                    x,
+                    sy,
+                    cw - 6,
+                    sh,
+                    GREEN if fresh else ORANGE,
+                    rx=5,
+                    fill_opacity=0.32,
+                    stroke_width=1.8,
+                )
             else:
                 s.box(x, sy, cw - 6, sh, None, rx=5, dashed=True, stroke_width=1)
             if label:

@@ -47,8 +47,14 @@ def fig_residual_stream() -> str:
     s.line(1008, ys, 1022, ys, color=CYAN, width=7, opacity=0.45)
     s.text(954, 160, "after the last layer:", size=12, anchor="middle", muted=True)
     s.text(954, 176, "the final norm", size=12, anchor="middle", muted=True)
-    s.text(520, 24, "the residual stream: the running sum of the embedding and of every "
-           "sub-layer output", size=13, anchor="middle", color=CYAN)  # fmt: skip
+    s.text(
+        520,
+        24,
+        "the residual stream: the running sum of the embedding and of every sub-layer output",
+        size=13,
+        anchor="middle",
+        color=CYAN,
+    )
 
     # embedding -> first norm
     s.box(12, ys - 24, 98, 48, GREY)
@@ -65,8 +71,9 @@ def fig_residual_stream() -> str:
     s.arrow(230, fy + fh, 230, sub_y - 2, color=ORANGE)
     s.label_bg(230, 186, "norm(x)", size=12.5, mono=True)
     s.path(f"M300,{sub_y + sub_h / 2} H500 V{fy + fh + 2}", color=PURPLE)
-    s.text(400, sub_y + sub_h / 2 + 22, "x = attention output", size=12.5, anchor="middle",
-           mono=True)  # fmt: skip
+    s.text(
+        400, sub_y + sub_h / 2 + 22, "x = attention output", size=12.5, anchor="middle", mono=True
+    )
 
     # norm -> MLP, MLP -> next norm
     sub_layer(530, 140, "MLP", "silu_and_mul, down")
@@ -83,9 +90,14 @@ def fig_residual_stream() -> str:
     s.text(16, y + 24, "RMSNormFused.forward(x, residual)", size=13.5, mono=True, bold=True)
     s.text(300, y + 24, "→  (norm(x + residual), x + residual)", size=13.5, mono=True)
     s.text(680, y + 24, "every later norm adds, then normalises", size=13, muted=True)
-    s.text(16, y + 56, "The textbook form h = x + attention(norm(x)); out = h + mlp(norm(h)) "
-           "computes the same sums; here each addition happens inside the next norm.",
-           size=13, muted=True)  # fmt: skip
+    s.text(
+        16,
+        y + 56,
+        "The textbook form h = x + attention(norm(x)); out = h + mlp(norm(h)) "
+        "computes the same sums; here each addition happens inside the next norm.",
+        size=13,
+        muted=True,
+    )
     return s.render()
 
 
@@ -139,25 +151,45 @@ def fig_llama3_rope() -> str:
         xa, xb = x0 + a * pw / n, x0 + b * pw / n
         s.box(xa, y0, xb - xa, ph, color, rx=0, fill_opacity=0.1, stroke_width=0)
         stagger = 18 if label == "kept" else 0  # the two narrow bands' labels would touch
-        s.text((xa + xb) / 2, y0 - 8 - stagger, f"{label} ({b - a})", size=13, anchor="middle",
-               bold=True, color=color)  # fmt: skip
+        s.text(
+            (xa + xb) / 2,
+            y0 - 8 - stagger,
+            f"{label} ({b - a})",
+            size=13,
+            anchor="middle",
+            bold=True,
+            color=color,
+        )
     # axes
     s.line(x0, y0 + ph, x0 + pw, y0 + ph, color=None, width=1.2)
     s.line(x0, y0, x0, y0 + ph, color=None, width=1.2)
     for e in range(int(lo), int(hi) + 1):
         y = py(10**e)
         s.line(x0 - 5, y, x0 + pw, y, color=None, width=0.6, opacity=0.15)
-        s.text(x0 - 9, y + 4, "1" if e == 0 else "10" + "⁰¹²³⁴⁵⁶⁷⁸⁹"[e] if e > 1 else "10", size=12,
-               anchor="end", muted=True)  # fmt: skip
+        s.text(
+            x0 - 9,
+            y + 4,
+            "1" if e == 0 else "10" + "⁰¹²³⁴⁵⁶⁷⁸⁹"[e] if e > 1 else "10",
+            size=12,
+            anchor="end",
+            muted=True,
+        )
     for i in (0, 8, 16, 24, 32, 40, 48, 56, 63):
         s.text(px(i), y0 + ph + 18, str(i), size=12, anchor="middle", muted=True)
-    s.text(x0 + pw / 2, y0 + ph + 40, "frequency index i  (inv_freq = base^(−2i/d): faster on the "
-           "left, slower on the right)", size=13, anchor="middle")  # fmt: skip
+    s.text(
+        x0 + pw / 2,
+        y0 + ph + 40,
+        "frequency index i  (inv_freq = base^(−2i/d): faster on the left, slower on the right)",
+        size=13,
+        anchor="middle",
+    )
     s.text(50, y0 + ph / 2 - 10, "wavelength", size=13, anchor="middle")
     s.text(50, y0 + ph / 2 + 8, "(tokens)", size=13, anchor="middle", muted=True)
     # thresholds
-    for w, label in [(original / high, f"{original}/{high:g} = {original / high:g}"),
-                     (original / low, f"{original}/{low:g} = {original / low:g}")]:  # fmt: skip
+    for w, label in [
+        (original / high, f"{original}/{high:g} = {original / high:g}"),
+        (original / low, f"{original}/{low:g} = {original / low:g}"),
+    ]:
         y = py(w)
         s.line(x0, y, x0 + pw, y, color=None, width=1, dashed=True, opacity=0.6)
         s.text(x0 + pw + 6, y + 4, label, size=12, mono=True, muted=True)

@@ -60,15 +60,31 @@ def fig_engine() -> str:
         muted=True,
     )
     steps = [
-        ("with ctx.forward_batch(batch):", "    logits = model.forward()",
-         "[bs, vocab]: last token of each request", PURPLE),
-        ("for req in batch.reqs:", "    req.complete_one()",
-         "cached_len = device_len; device_len += 1", TEAL),
-        ("sampler.sample(logits[:bs], args)", "    .to(torch.int32)",
-         "next_tokens_gpu [bs]", GREEN),
-        ("next_tokens_gpu.to(\"cpu\", non_blocking)", "copy_done_event.record(stream)",
-         "next_tokens_cpu: valid after the event", CYAN),
-    ]  # fmt: skip
+        (
+            "with ctx.forward_batch(batch):",
+            "    logits = model.forward()",
+            "[bs, vocab]: last token of each request",
+            PURPLE,
+        ),
+        (
+            "for req in batch.reqs:",
+            "    req.complete_one()",
+            "cached_len = device_len; device_len += 1",
+            TEAL,
+        ),
+        (
+            "sampler.sample(logits[:bs], args)",
+            "    .to(torch.int32)",
+            "next_tokens_gpu [bs]",
+            GREEN,
+        ),
+        (
+            'next_tokens_gpu.to("cpu", non_blocking)',
+            "copy_done_event.record(stream)",
+            "next_tokens_cpu: valid after the event",
+            CYAN,
+        ),
+    ]
     y = 118
     for a, b, note, color in steps:
         s.arrow(x0 + 220, y - 16, x0 + 220, y - 2)
@@ -179,8 +195,14 @@ def fig_top_k_top_p() -> str:
             s.text(px - 2, base + 36, "before:", size=11, muted=True)
             for i in range(TOP_K):
                 x = px + i * (bw + 4) + bw / 2
-                s.text(x, base + 52, f"{notes[i]:.2f}", size=10.5, anchor="middle",
-                       color=GREEN if notes[i] < TOP_P else RED)  # fmt: skip
+                s.text(
+                    x,
+                    base + 52,
+                    f"{notes[i]:.2f}",
+                    size=10.5,
+                    anchor="middle",
+                    color=GREEN if notes[i] < TOP_P else RED,
+                )
         if k < 2:
             s.arrow(px + 10 * (bw + 4) + 4, 150, px + 10 * (bw + 4) + 24, 150)
     s.text(20, base + 52, "rank (sorted by probability)", size=11.5, muted=True)

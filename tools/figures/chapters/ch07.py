@@ -33,17 +33,47 @@ def fig_loop() -> str:
     )
     s.text(20, 28, "Scheduler.normal_loop: one step", size=16, bold=True)
     steps = [
-        ("receive_msg(blocking)", ["UserMsg -> waiting list; AbortBackendMsg -> drop",
-                                   "blocks only when nothing is runnable"], TEAL),
-        ("_schedule_next_batch()", ["prefill first: PrefillManager.schedule_next_batch",
-                                    "or else: DecodeManager.schedule_next_batch"], ORANGE),
-        ("_prepare_batch(batch)", ["allocate_paged, positions, input tuple, write tuple,",
-                                   "out_loc, attention metadata, sampling arguments"], ORANGE),
-        ("_forward(forward_input)", ["input_ids = token_pool[input tuple]; forward_batch;",
-                                     "token_pool[write tuple] = tokens; filter_reqs"], PURPLE),
-        ("_process_last_data(data)", ["append each token on the host; DetokenizeMsg;",
-                                      "finished: free its request slot and pages"], GREEN),
-    ]  # fmt: skip
+        (
+            "receive_msg(blocking)",
+            [
+                "UserMsg -> waiting list; AbortBackendMsg -> drop",
+                "blocks only when nothing is runnable",
+            ],
+            TEAL,
+        ),
+        (
+            "_schedule_next_batch()",
+            [
+                "prefill first: PrefillManager.schedule_next_batch",
+                "or else: DecodeManager.schedule_next_batch",
+            ],
+            ORANGE,
+        ),
+        (
+            "_prepare_batch(batch)",
+            [
+                "allocate_paged, positions, input tuple, write tuple,",
+                "out_loc, attention metadata, sampling arguments",
+            ],
+            ORANGE,
+        ),
+        (
+            "_forward(forward_input)",
+            [
+                "input_ids = token_pool[input tuple]; forward_batch;",
+                "token_pool[write tuple] = tokens; filter_reqs",
+            ],
+            PURPLE,
+        ),
+        (
+            "_process_last_data(data)",
+            [
+                "append each token on the host; DetokenizeMsg;",
+                "finished: free its request slot and pages",
+            ],
+            GREEN,
+        ),
+    ]
     x, w, h, gap = 100, 400, 74, 22
     y = 48
     tops = []
@@ -60,8 +90,13 @@ def fig_loop() -> str:
     first_mid = tops[0] + h / 2
     s.path(f"M{x - 2},{last_mid} H{x - 44} V{first_mid} H{x - 4}", width=1.6)
     s.label_bg(x - 44, (first_mid + last_mid) / 2, "next step", size=12.5, muted=True)
-    s.text(x, y + 8, "send_result(reply): one DetokenizeMsg per request of the batch", size=12.5,
-           muted=True)  # fmt: skip
+    s.text(
+        x,
+        y + 8,
+        "send_result(reply): one DetokenizeMsg per request of the batch",
+        size=12.5,
+        muted=True,
+    )
 
     # a request's way through
     rx, rw = 540, 380
@@ -84,8 +119,12 @@ def fig_loop() -> str:
         y += ph + 24
     # side notes on the arrows
     ys = [48 + ph + 12, 48 + 2 * (ph + 24) - 12, 48 + 3 * (ph + 24) - 12, 48 + 4 * (ph + 24) - 12]
-    notes = ["_process_one_msg", "PrefillAdder.try_add_one", "filter_reqs (after its prefill)",
-             "can_decode is False, or EOS"]  # fmt: skip
+    notes = [
+        "_process_one_msg",
+        "PrefillAdder.try_add_one",
+        "filter_reqs (after its prefill)",
+        "can_decode is False, or EOS",
+    ]
     for yy, note in zip(ys, notes, strict=True):
         s.text(rx + rw / 2 + 12, yy + 4, note, size=12, muted=True, italic=True)
     return s.render()
@@ -136,8 +175,15 @@ def fig_timeline() -> str:
         top = y0 + 8 + r * ch
         s.text(20, top + ch / 2 + 3, name, size=15, bold=True)
         s.line(x0, top + ch - 3, x0 + STEPS * cw, top + ch - 3, color=None, opacity=0.12, width=1)
-        s.line(x0 + arrive * cw + 2, top + 4, x0 + arrive * cw + 2, top + ch - 8, color=None,
-               width=2.5, opacity=0.8)  # fmt: skip
+        s.line(
+            x0 + arrive * cw + 2,
+            top + 4,
+            x0 + arrive * cw + 2,
+            top + ch - 8,
+            color=None,
+            width=2.5,
+            opacity=0.8,
+        )
         for k, v in cells.items():
             cx = x0 + k * cw + 6
             color = ORANGE if v == "P" else GREEN
@@ -149,15 +195,39 @@ def fig_timeline() -> str:
         first, last = min(cells), max(cells)
         for k in range(first, last):
             if k not in cells:
-                s.box(x0 + k * cw + 6, top + 5, cw - 12, ch - 14, RED, rx=6, dashed=True,
-                      fill_opacity=0.06, stroke_width=1.2)  # fmt: skip
-                s.text(x0 + (k + 0.5) * cw, top + ch / 2 + 2, "waits", size=12, anchor="middle",
-                       color=RED)  # fmt: skip
+                s.box(
+                    x0 + k * cw + 6,
+                    top + 5,
+                    cw - 12,
+                    ch - 14,
+                    RED,
+                    rx=6,
+                    dashed=True,
+                    fill_opacity=0.06,
+                    stroke_width=1.2,
+                )
+                s.text(
+                    x0 + (k + 0.5) * cw,
+                    top + ch / 2 + 2,
+                    "waits",
+                    size=12,
+                    anchor="middle",
+                    color=RED,
+                )
     gy = y0 + 8 + len(TIMELINE) * ch
-    s.lines(x0, gy + 24, [
-        "Steps 3 and 4 are the prefills of requests that just arrived: the running requests wait",
-        "(r0 twice, r2 once). r4 arrives at step 9, when nothing else runs, and starts at once.",
-    ], size=13, color=RED, gap=1.4)  # fmt: skip
+    s.lines(
+        x0,
+        gy + 24,
+        [
+            "Steps 3 and 4 are the prefills of requests that just arrived: the running requests "
+            "wait",
+            "(r0 twice, r2 once). r4 arrives at step 9, when nothing else runs, and starts at "
+            "once.",
+        ],
+        size=13,
+        color=RED,
+        gap=1.4,
+    )
     ly = gy + 76
     s.box(x0, ly, 40, 22, ORANGE, rx=5, fill_opacity=0.28)
     s.text(x0 + 52, ly + 16, "prefill: the whole prompt, and the first token", size=13.5)
@@ -194,8 +264,13 @@ def fig_token_pool() -> str:
     cols, cw, rh = 8, 62, 34
     tx = 130
     ty = 72
-    s.text(20, 28, "decode step 1 of the main: r0 in request slot 15, r1 in slot 14", size=16,
-           bold=True)  # fmt: skip
+    s.text(
+        20,
+        28,
+        "decode step 1 of the main: r0 in request slot 15, r1 in slot 14",
+        size=16,
+        bold=True,
+    )
 
     def grid(
         top: float, title: str, sub: str, cell: Callable[[int, int, float, float], None]
@@ -218,13 +293,28 @@ def fig_token_pool() -> str:
         words, _, read, write, sampled = POOL[slot]
         if c < len(words):
             color = ORANGE if c == read else (TEAL if c < len(words) else None)
-            s.box(x, y, cw - 4, rh, color, rx=5, fill_opacity=0.4 if c == read else 0.16,
-                  stroke_width=2.2 if c == read else 1)  # fmt: skip
+            s.box(
+                x,
+                y,
+                cw - 4,
+                rh,
+                color,
+                rx=5,
+                fill_opacity=0.4 if c == read else 0.16,
+                stroke_width=2.2 if c == read else 1,
+            )
             s.text(x + (cw - 4) / 2, y + rh / 2 + 5, words[c], size=12, anchor="middle", mono=True)
         elif c == write:
             s.box(x, y, cw - 4, rh, GREEN, rx=5, fill_opacity=0.4, stroke_width=2.2, dashed=True)
-            s.text(x + (cw - 4) / 2, y + rh / 2 + 5, sampled, size=13, anchor="middle", mono=True,
-                   bold=True)  # fmt: skip
+            s.text(
+                x + (cw - 4) / 2,
+                y + rh / 2 + 5,
+                sampled,
+                size=13,
+                anchor="middle",
+                mono=True,
+                bold=True,
+            )
         else:
             s.box(x, y, cw - 4, rh, None, rx=5, dashed=True, stroke_width=0.8)
 
@@ -241,8 +331,14 @@ def fig_token_pool() -> str:
                 fill_opacity=0.4 if c == read else 0.14,
                 stroke_width=2.2 if c == read else 1,
             )
-            s.text(x + (cw - 4) / 2, y + rh / 2 + 5, str(kv_slots[c]), size=12.5, anchor="middle",
-                   mono=True)  # fmt: skip
+            s.text(
+                x + (cw - 4) / 2,
+                y + rh / 2 + 5,
+                str(kv_slots[c]),
+                size=12.5,
+                anchor="middle",
+                mono=True,
+            )
         else:
             s.box(x, y, cw - 4, rh, None, rx=5, dashed=True, stroke_width=0.8)
 
@@ -258,8 +354,14 @@ def fig_token_pool() -> str:
     # right-hand side: the step
     bx = 680
     s.box(bx, 52, 240, 118, ORANGE, rx=8)
-    s.lines(bx + 12, 74, ["input tuple", "slots     [15, 14]", "positions [ 5,  3]"], size=13,
-            mono=True, gap=1.45)  # fmt: skip
+    s.lines(
+        bx + 12,
+        74,
+        ["input tuple", "slots     [15, 14]", "positions [ 5,  3]"],
+        size=13,
+        mono=True,
+        gap=1.45,
+    )
     s.text(bx + 12, 146, "input_ids = token_pool[...]", size=12.5, mono=True)
     s.text(bx + 12, 162, "  = [Paris, ␣]", size=12.5, mono=True, muted=True)
     s.box(bx, py - 20, 240, 70, CYAN, rx=8)
@@ -278,14 +380,24 @@ def fig_token_pool() -> str:
     s.arrow(bx + 120, 172, bx + 120, py - 22)
     s.path(f"M{bx + 120},{py + 52} V{ey - 20} H295 V{ey - 2}", width=1.6)
     # write back into the pool (dashed, green)
-    s.path(f"M650,{ey - 2} V{ty + rh + 3} H{tx + cols * cw + 2}", color=GREEN, dashed=True,
-           width=1.6)  # fmt: skip
-    s.lines(20, 490, [
-        "The sampled tokens go to the host too (for the replies), but the next step's inputs come "
-        "from the",
-        "token pool: step 2 reads (15, 6) and (14, 4), on the device. A request that cannot "
-        "decode any more",
-        "writes to position -1 instead: the row's last column, always written again before it is "
-        "read.",
-    ], size=12.5, muted=True, gap=1.4)  # fmt: skip
+    s.path(
+        f"M650,{ey - 2} V{ty + rh + 3} H{tx + cols * cw + 2}", color=GREEN, dashed=True, width=1.6
+    )
+    s.lines(
+        20,
+        490,
+        [
+            "The sampled tokens go to the host too (for the replies), but the next step's inputs "
+            "come "
+            "from the",
+            "token pool: step 2 reads (15, 6) and (14, 4), on the device. A request that cannot "
+            "decode any more",
+            "writes to position -1 instead: the row's last column, always written again before it "
+            "is "
+            "read.",
+        ],
+        size=12.5,
+        muted=True,
+        gap=1.4,
+    )
     return s.render()

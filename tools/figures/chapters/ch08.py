@@ -55,26 +55,45 @@ def fig_pages() -> str:
     )
     s.box(rx, ry, rw, rh, ORANGE, rx=10)
     s.text(rx + rw / 2, ry + 32, "a running request", size=16, bold=True, anchor="middle")
-    s.lines(rx + rw / 2, ry + 58, ["its row of the page table:", "the pages of its own tokens"],
-            size=12.5, muted=True, anchor="middle")  # fmt: skip
+    s.lines(
+        rx + rw / 2,
+        ry + 58,
+        ["its row of the page table:", "the pages of its own tokens"],
+        size=12.5,
+        muted=True,
+        anchor="middle",
+    )
 
     # free -> request
-    s.path(f"M{fx + 70},{fy + fh + 2} C{fx + 70},{ry + 60} {rx - 60},{ry + 60} {rx - 2},{ry + 60}",
-           color=GREEN)  # fmt: skip
+    s.path(
+        f"M{fx + 70},{fy + fh + 2} C{fx + 70},{ry + 60} {rx - 60},{ry + 60} {rx - 2},{ry + 60}",
+        color=GREEN,
+    )
     s.label_bg(fx + 95, ry + 40, "allocate_paged", size=13, mono=True, bold=True)
     s.label_bg(fx + 95, ry + 58, "(_allocate)", size=12, muted=True)
     # request -> free
     s.arrow(rx + 25, ry - 2, fx + fw - 30, fy + fh + 4, color=RED)
     s.text(298, 224, "cache_req: _free", size=13, mono=True, bold=True, anchor="end")
-    s.lines(298, 241, ["duplicates, and the tail", "when finished"], size=12, muted=True,
-            anchor="end", gap=1.3)  # fmt: skip
+    s.lines(
+        298,
+        241,
+        ["duplicates, and the tail", "when finished"],
+        size=12,
+        muted=True,
+        anchor="end",
+        gap=1.3,
+    )
     # request -> cache
     s.arrow(rx + rw - 35, ry - 2, cx + 40, cy + fh + 4, color=CYAN)
     s.text(642, 224, "cache_req: insert_prefix", size=13, mono=True, bold=True)
     s.text(642, 241, "the cache takes the pages", size=12, muted=True)
     # cache -> request (shared)
-    s.path(f"M{cx + fw - 60},{cy + fh + 2} C{cx + fw - 60},{ry + 60} {rx + rw + 60},{ry + 60} "
-           f"{rx + rw + 2},{ry + 60}", color=CYAN, dashed=True)  # fmt: skip
+    s.path(
+        f"M{cx + fw - 60},{cy + fh + 2} C{cx + fw - 60},{ry + 60} {rx + rw + 60},{ry + 60} "
+        f"{rx + rw + 2},{ry + 60}",
+        color=CYAN,
+        dashed=True,
+    )
     s.label_bg(cx + fw - 70, ry + 40, "match_req + lock", size=13, mono=True, bold=True)
     s.label_bg(cx + fw - 70, ry + 58, "shared, not moved", size=12, muted=True)
     # cache -> free
@@ -82,12 +101,20 @@ def fig_pages() -> str:
     s.label_bg((fx + fw + cx) / 2, fy + 44, "evict", size=13, mono=True, bold=True)
     s.label_bg((fx + fw + cx) / 2, fy + 72, "when _allocate runs short", size=12, muted=True)
 
-    s.lines(40, 420, [
-        "check_integrity, when no request runs: free pages + cached pages == all pages; no page "
-        "is free",
-        "twice; every free slot starts a page. With the naive cache the prefix cache is always "
-        "empty.",
-    ], size=13, muted=True, gap=1.45)  # fmt: skip
+    s.lines(
+        40,
+        420,
+        [
+            "check_integrity, when no request runs: free pages + cached pages == all pages; no "
+            "page "
+            "is free",
+            "twice; every free slot starts a page. With the naive cache the prefix cache is always "
+            "empty.",
+        ],
+        size=13,
+        muted=True,
+        gap=1.45,
+    )
     return s.render()
 
 
@@ -142,11 +169,21 @@ def fig_cache_req() -> str:
     for p in range(0, 17, PAGE):  # page boundaries
         s.line(x0 + p * cw, y0 - 26, x0 + p * cw, y0 + 48, color=None, width=2, opacity=0.7)
     for p in range(4):
-        s.text(x0 + (p * PAGE + PAGE / 2) * cw, y0 + 66, f"page {p}", size=12, anchor="middle",
-               muted=True)  # fmt: skip
+        s.text(
+            x0 + (p * PAGE + PAGE / 2) * cw,
+            y0 + 66,
+            f"page {p}",
+            size=12,
+            anchor="middle",
+            muted=True,
+        )
     # the lengths
-    marks = [(OLD, "old_handle.cached_len = 4"), (MATCHED, "matched = 8"),
-             (NEW, "new_handle.cached_len = 12"), (END, "req.cached_len = 14")]  # fmt: skip
+    marks = [
+        (OLD, "old_handle.cached_len = 4"),
+        (MATCHED, "matched = 8"),
+        (NEW, "new_handle.cached_len = 12"),
+        (END, "req.cached_len = 14"),
+    ]
     for i, (p, label) in enumerate(marks):
         x = x0 + p * cw
         y = y0 + 92 + i * 22
@@ -197,14 +234,27 @@ def fig_admission() -> str:
     )
     # --- the main: 16 pages of 4 -------------------------------------------------------------
     x0, y0, pw = 150, 74, 38
-    s.text(20, y0 - 16, "the main: 16 pages of 4 slots (64); every request: prompt + max_tokens 12",
-           size=13.5, bold=True)  # fmt: skip
+    s.text(
+        20,
+        y0 - 16,
+        "the main: 16 pages of 4 slots (64); every request: prompt + max_tokens 12",
+        size=13.5,
+        bold=True,
+    )
     needs = [("r0", 17, 5), ("r1", 15, 4), ("r2", 19, 5)]
     colors = [ORANGE, PURPLE, GREEN]
     page = 0
     for (name, tokens, pages), color in zip(needs, colors, strict=True):
-        s.box(x0 + page * pw + 2, y0, pages * pw - 4, 34, color, rx=5, fill_opacity=0.3,
-              stroke_width=1.2)  # fmt: skip
+        s.box(
+            x0 + page * pw + 2,
+            y0,
+            pages * pw - 4,
+            34,
+            color,
+            rx=5,
+            fill_opacity=0.3,
+            stroke_width=1.2,
+        )
         for p in range(1, pages):  # page boundaries inside the request's share
             x = x0 + (page + p) * pw
             s.line(x, y0 + 3, x, y0 + 9, color=color, width=1.2)
@@ -261,8 +311,17 @@ def fig_admission() -> str:
     for name, p, color in taken:
         x = x0 + p * 16 * sw
         over = p >= 3
-        s.box(x + 2, y2, 16 * sw - 4, 34, RED if over else color, rx=5,
-              fill_opacity=0.15 if over else 0.3, stroke_width=1.2, dashed=over)  # fmt: skip
+        s.box(
+            x + 2,
+            y2,
+            16 * sw - 4,
+            34,
+            RED if over else color,
+            rx=5,
+            fill_opacity=0.15 if over else 0.3,
+            stroke_width=1.2,
+            dashed=over,
+        )
         s.text(x + 8 * sw, y2 + 22, name, size=12, anchor="middle", color=RED if over else None)
     s.line(x0 + 48 * sw, y2 - 8, x0 + 48 * sw, y2 + 42, color=RED, width=2)
     s.text(x0 + 64 * sw + 8, y2 + 16, "4 pages > 3:", size=12, color=RED)
@@ -276,8 +335,17 @@ def fig_admission() -> str:
         x = x0 + p * 16 * sw
         s.box(x + 2, y3, n * 16 * sw - 4, 34, color, rx=5, fill_opacity=0.3, stroke_width=1.2)
         s.text(x + n * 8 * sw, y3 + 22, label, size=12, anchor="middle")
-    s.box(x0 + 48 * sw + 2, y3, 16 * sw - 4, 34, RED, rx=5, fill_opacity=0.15, stroke_width=1.2,
-          dashed=True)  # fmt: skip
+    s.box(
+        x0 + 48 * sw + 2,
+        y3,
+        16 * sw - 4,
+        34,
+        RED,
+        rx=5,
+        fill_opacity=0.15,
+        stroke_width=1.2,
+        dashed=True,
+    )
     s.text(x0 + 56 * sw, y3 + 22, "r2: 11 -> 16", size=12, anchor="middle", color=RED)
     s.line(x0 + 48 * sw, y3 - 8, x0 + 48 * sw, y3 + 42, color=None, width=2)
     s.text(

@@ -16,34 +16,57 @@ from tools.figures.svg import CYAN, GREEN, GREY, ORANGE, Svg, text_width
 # Every question node also ends with the template's "<|im_end|>\n<|im_start|>assistant\n".
 Node = tuple[str, int, str, list["Node"]]
 TREE: Node = (
-    "system prompt + user tag", 39, "prefix", [
-        ("Why is the sky blue?", 12, "prompt", [
-            ("The answer to this …", 9, "answer", [])]),
-        ("Who wrote Hamlet?", 10, "prompt", [
-            ("The story of Hamlet …", 9, "answer", [])]),
-        ("What", 1, "prompt", [
-            (" is", 1, "prompt", [
-                (" the capital of France?", 11, "prompt", [
-                    ("The capital of France …", 7, "answer", [])]),
-                (" 7 times 8?", 12, "prompt", [
-                    ("To solve this …", 9, "answer", [])]),
-                (" ice made of?", 10, "prompt", [
-                    ("Ice is composed …", 9, "answer", [])]),
-            ]),
-            (" do bees make?", 10, "prompt", [
-                ("Bees make honey, …", 9, "answer", [])]),
-        ]),
-        ("How many legs does a spider have?", 14, "prompt", [
-            ("A spider has 8 legs.", 7, "answer", [])]),
-        ("Which planet is the largest?", 12, "prompt", [
-            ("The largest planet …", 9, "answer", [])]),
+    "system prompt + user tag",
+    39,
+    "prefix",
+    [
+        ("Why is the sky blue?", 12, "prompt", [("The answer to this …", 9, "answer", [])]),
+        ("Who wrote Hamlet?", 10, "prompt", [("The story of Hamlet …", 9, "answer", [])]),
+        (
+            "What",
+            1,
+            "prompt",
+            [
+                (
+                    " is",
+                    1,
+                    "prompt",
+                    [
+                        (
+                            " the capital of France?",
+                            11,
+                            "prompt",
+                            [("The capital of France …", 7, "answer", [])],
+                        ),
+                        (" 7 times 8?", 12, "prompt", [("To solve this …", 9, "answer", [])]),
+                        (" ice made of?", 10, "prompt", [("Ice is composed …", 9, "answer", [])]),
+                    ],
+                ),
+                (" do bees make?", 10, "prompt", [("Bees make honey, …", 9, "answer", [])]),
+            ],
+        ),
+        (
+            "How many legs does a spider have?",
+            14,
+            "prompt",
+            [("A spider has 8 legs.", 7, "answer", [])],
+        ),
+        ("Which planet is the largest?", 12, "prompt", [("The largest planet …", 9, "answer", [])]),
     ],
-)  # fmt: skip
+)
 
 # Per answer leaf, top to bottom: the request, the prompt tokens it found cached and those it
 # computed (the prefill batches of the same run; they add up to the printed 278 and 132).
-REUSE = [("r1", 39, 12), ("r3", 39, 10), ("r0", 0, 52), ("r2", 41, 12), ("r6", 41, 10),
-         ("r4", 40, 10), ("r5", 39, 14), ("r7", 39, 12)]  # fmt: skip
+REUSE = [
+    ("r1", 39, 12),
+    ("r3", 39, 10),
+    ("r0", 0, 52),
+    ("r2", 41, 12),
+    ("r6", 41, 10),
+    ("r4", 40, 10),
+    ("r5", 39, 14),
+    ("r7", 39, 12),
+]
 
 KIND_COLOR = {"prefix": CYAN, "prompt": ORANGE, "answer": GREEN}
 
@@ -105,8 +128,13 @@ def fig_tree() -> str:
         for child in node[3]:
             cx, cy, _ = pos[id(child)]
             mid = x + w + gap / 2
-            s.path(f"M{x + w:.1f},{y:.1f} H{mid:.1f} V{cy:.1f} H{cx:.1f}", color=None, width=1.1,
-                   arrow_end=False, opacity=0.6)  # fmt: skip
+            s.path(
+                f"M{x + w:.1f},{y:.1f} H{mid:.1f} V{cy:.1f} H{cx:.1f}",
+                color=None,
+                width=1.1,
+                arrow_end=False,
+                opacity=0.6,
+            )
     tx, ty, _ = pos[id(TREE)]
     s.line(root_x + 24, root_y, tx, ty, color=None, width=1.1, opacity=0.6)
     for node, x, y, w in placed:
@@ -127,8 +155,15 @@ def fig_tree() -> str:
     total_y = top + len(REUSE) * row_h - 6
     s.line(cx, total_y - 16, right, total_y - 16, color=None, width=1)
     s.text(cx, total_y + 2, "all", size=13, bold=True)
-    s.text(right, total_y + 2, f"{sum(r[1] for r in REUSE)} + {sum(r[2] for r in REUSE)}",
-           size=13, anchor="end", mono=True, bold=True)  # fmt: skip
+    s.text(
+        right,
+        total_y + 2,
+        f"{sum(r[1] for r in REUSE)} + {sum(r[2] for r in REUSE)}",
+        size=13,
+        anchor="end",
+        mono=True,
+        bold=True,
+    )
 
     # legend
     ly = total_y + 44
@@ -137,7 +172,7 @@ def fig_tree() -> str:
             ("the shared system prompt", CYAN),
             ("a request's own prompt tokens", ORANGE),
             ("its answer, cached when it finished", GREEN),
-        ]  # fmt: skip
+        ]
     ):
         lx = 20 + i * 270
         s.box(lx, ly - 13, 16, 16, color, rx=3, fill_opacity=0.3, stroke_width=1.1)
@@ -159,20 +194,39 @@ def fig_split() -> str:
         "through 1 2, which drops to 1 and stays protected, because B still uses it.",
     )
     panels = [
-        ("1  A is running", ["A's prompt was inserted after", "its prefill, and A holds it"],
-         ("1 2 3 4", "100-103", 1, "A"), [], ["one node, one lock"], (0, 4)),
-        ("2  B's prompt 1 2 7 8 9", ["matching 1 2 7 8 stops inside", "the node: split_at(2)"],
-         ("1 2", "100-101", "1+1", "A B"), [("3 4", "102-103", 1, "A", None)],
-         ["the head copies the node's ref 1;", "B's lock adds 1"], (0, 4)),
-        ("3  B's prefill is done", ["insert 1 2 7 8 9: the cache", "had 2 tokens (cached_len 2)"],
-         ("1 2", "100-101", 2, "A B"),
-         [("3 4", "102-103", 1, "A", None), ("7 8 9", "104-106", 1, "B", "new")],
-         ["a new leaf in B's own slots;", "B's lock moves down to it"], (0, 7)),
-        ("4  A finishes", ["unlocking walks up from", "[3 4] through [1 2]"],
-         ("1 2", "100-101", 1, "B"),
-         [("3 4", "102-103", 0, "", None), ("7 8 9", "104-106", 1, "B", None)],
-         ["[3 4] may be evicted now;", "[1 2] may not: B uses it"], (2, 5)),
-    ]  # fmt: skip
+        (
+            "1  A is running",
+            ["A's prompt was inserted after", "its prefill, and A holds it"],
+            ("1 2 3 4", "100-103", 1, "A"),
+            [],
+            ["one node, one lock"],
+            (0, 4),
+        ),
+        (
+            "2  B's prompt 1 2 7 8 9",
+            ["matching 1 2 7 8 stops inside", "the node: split_at(2)"],
+            ("1 2", "100-101", "1+1", "A B"),
+            [("3 4", "102-103", 1, "A", None)],
+            ["the head copies the node's ref 1;", "B's lock adds 1"],
+            (0, 4),
+        ),
+        (
+            "3  B's prefill is done",
+            ["insert 1 2 7 8 9: the cache", "had 2 tokens (cached_len 2)"],
+            ("1 2", "100-101", 2, "A B"),
+            [("3 4", "102-103", 1, "A", None), ("7 8 9", "104-106", 1, "B", "new")],
+            ["a new leaf in B's own slots;", "B's lock moves down to it"],
+            (0, 7),
+        ),
+        (
+            "4  A finishes",
+            ["unlocking walks up from", "[3 4] through [1 2]"],
+            ("1 2", "100-101", 1, "B"),
+            [("3 4", "102-103", 0, "", None), ("7 8 9", "104-106", 1, "B", None)],
+            ["[3 4] may be evicted now;", "[1 2] may not: B uses it"],
+            (2, 5),
+        ),
+    ]
     pw = 228
     for i, (title, sub, head, children, note, (evictable, protected)) in enumerate(panels):
         x0 = 10 + i * (pw + 4)
@@ -191,8 +245,12 @@ def fig_split() -> str:
         cy = 246
         xs = [cx - 56, cx + 56] if len(children) == 2 else [cx] * len(children)
         for (ckey, cslots, cref, cwho, mark), ccx in zip(children, xs, strict=True):
-            s.path(f"M{cx:.1f},{ny + nh} V{ny + nh + 14} H{ccx:.1f} V{cy}", color=None, width=1.2,
-                   arrow_end=False)  # fmt: skip
+            s.path(
+                f"M{cx:.1f},{ny + nh} V{ny + nh + 14} H{ccx:.1f} V{cy}",
+                color=None,
+                width=1.2,
+                arrow_end=False,
+            )
             color = GREEN if mark == "new" else CYAN
             s.box(ccx - 52, cy, 104, nh, color, rx=8, dashed=cref == 0)
             node_text(s, ccx, cy, ckey, cslots, cref, cwho)

@@ -77,19 +77,47 @@ def fig_timeline() -> str:
                 if kind == "d":
                     s.box(x, ry + 5, w, rh - 10, GREEN, rx=5, fill_opacity=0.35, stroke_width=1.1)
                 else:
-                    s.box(x, ry, w, rh, ORANGE, rx=5, fill_opacity=0.3 if kind == "p" else 0.12,
-                          dashed=kind == "c", stroke_width=1.3)  # fmt: skip
+                    s.box(
+                        x,
+                        ry,
+                        w,
+                        rh,
+                        ORANGE,
+                        rx=5,
+                        fill_opacity=0.3 if kind == "p" else 0.12,
+                        dashed=kind == "c",
+                        stroke_width=1.3,
+                    )
                     s.text(x + w / 2, ry + rh / 2 + 5, str(n), size=13, anchor="middle", bold=True)
             if waits and req in waits:
                 a, b = waits[req]
-                s.box(x0 + a * cw + 3, ry + 3, (b - a + 1) * cw - 6, rh - 6, RED, rx=5,
-                      fill_opacity=0.06, dashed=True, stroke_width=1.1)  # fmt: skip
-                s.text(x0 + (a + b + 1) * cw / 2, ry + rh / 2 + 5, "no token", size=12,
-                       anchor="middle", color=RED)  # fmt: skip
+                s.box(
+                    x0 + a * cw + 3,
+                    ry + 3,
+                    (b - a + 1) * cw - 6,
+                    rh - 6,
+                    RED,
+                    rx=5,
+                    fill_opacity=0.06,
+                    dashed=True,
+                    stroke_width=1.1,
+                )
+                s.text(
+                    x0 + (a + b + 1) * cw / 2,
+                    ry + rh / 2 + 5,
+                    "no token",
+                    size=12,
+                    anchor="middle",
+                    color=RED,
+                )
 
     group(64, "this chapter: after a chunk, the running requests decode once", OURS)
-    group(228, "prefill first (upstream's order): the chunks run back to back", UPSTREAM,
-          waits={"r0": (2, 4), "r1": (2, 4)})  # fmt: skip
+    group(
+        228,
+        "prefill first (upstream's order): the chunks run back to back",
+        UPSTREAM,
+        waits={"r0": (2, 4), "r1": (2, 4)},
+    )
 
     ly = 394
     s.box(20, ly - 15, 30, 20, ORANGE, rx=4, fill_opacity=0.12, dashed=True, stroke_width=1.2)
@@ -132,14 +160,25 @@ def fig_chunks() -> str:
         bx = x0 + 60
         if start:
             s.box(bx, y, start * scale, 30, CYAN, rx=5, fill_opacity=0.3, stroke_width=1.2)
-            s.text(bx + start * scale / 2, y + 20, f"0-{start - 1}: in the cache, read",
-                   size=12.5, anchor="middle")  # fmt: skip
+            s.text(
+                bx + start * scale / 2,
+                y + 20,
+                f"0-{start - 1}: in the cache, read",
+                size=12.5,
+                anchor="middle",
+            )
         cx = bx + start * scale
         s.box(
             cx, y, n * scale, 30, ORANGE, rx=5, fill_opacity=0.3, dashed=not last, stroke_width=1.3
         )
-        s.text(cx + n * scale / 2, y + 20, f"{start}-{start + n - 1}: computed", size=12.5,
-               anchor="middle", bold=True)  # fmt: skip
+        s.text(
+            cx + n * scale / 2,
+            y + 20,
+            f"{start}-{start + n - 1}: computed",
+            size=12.5,
+            anchor="middle",
+            bold=True,
+        )
         rest = PROMPT - start - n
         if rest:
             rx = cx + n * scale

@@ -127,8 +127,13 @@ def fig_overlap_loop() -> str:
         dashed=True,
         width=1.3,
     )
-    s.label_bg((x2 + xp) / 2, host_y - 16, "batch 2 is chosen before batch 1's tokens are known",
-               size=12, color=RED)  # fmt: skip
+    s.label_bg(
+        (x2 + xp) / 2,
+        host_y - 16,
+        "batch 2 is chosen before batch 1's tokens are known",
+        size=12,
+        color=RED,
+    )
     s.arrow(lane_x, dev_y + 48, lane_x + lane_w, dev_y + 48)
     s.text(lane_x + lane_w, dev_y + 66, "time", size=12.5, anchor="end", muted=True)
 
@@ -251,27 +256,39 @@ def fig_one_request() -> str:
     panel(
         26,
         "Fix 1: R has max_tokens = 3 (a prompt of P tokens)",
-        [(["B1 prefill", "device_len P+1"], ORANGE),
-         (["B2 decode", "device_len P+2"], PURPLE),
-         (["B3 decode", "device_len P+3 = max:", "filter_reqs drops R"], PURPLE),
-         (["(R is not in B4)"], None)],
-        {1: ["B1 -> token 1", "host length P+1"], 2: ["B2 -> token 2", "host length P+2"],
-         3: ["B3 -> token 3", "host length P+3"]},
-        ("not req.can_decode", {1: ("False", None), 2: ("True: too early", False),
-                                3: ("True, again", False)}),
+        [
+            (["B1 prefill", "device_len P+1"], ORANGE),
+            (["B2 decode", "device_len P+2"], PURPLE),
+            (["B3 decode", "device_len P+3 = max:", "filter_reqs drops R"], PURPLE),
+            (["(R is not in B4)"], None),
+        ],
+        {
+            1: ["B1 -> token 1", "host length P+1"],
+            2: ["B2 -> token 2", "host length P+2"],
+            3: ["B3 -> token 3", "host length P+3"],
+        },
+        (
+            "not req.can_decode",
+            {1: ("False", None), 2: ("True: too early", False), 3: ("True, again", False)},
+        ),
         ("len(input_ids) >= max", {1: ("False", None), 2: ("False", None), 3: ("True", True)}),
-    )  # fmt: skip
+    )
     panel(
         340,
         "Fix 2: R samples its EOS in B2",
-        [(["B1 prefill", "R"], ORANGE),
-         (["B2 decode", "R"], PURPLE),
-         (["B3 decode", "R is still in it: chosen", "before B2's token arrived"], PURPLE),
-         (["B4 decode", "without R"], PURPLE)],
-        {1: ["B1 -> token 1"], 2: ["B2 -> EOS", "finished: R leaves", "the running set"],
-         3: ["B3 -> one more token", "after the EOS"]},
+        [
+            (["B1 prefill", "R"], ORANGE),
+            (["B2 decode", "R"], PURPLE),
+            (["B3 decode", "R is still in it: chosen", "before B2's token arrived"], PURPLE),
+            (["B4 decode", "without R"], PURPLE),
+        ],
+        {
+            1: ["B1 -> token 1"],
+            2: ["B2 -> EOS", "finished: R leaves", "the running set"],
+            3: ["B3 -> one more token", "after the EOS"],
+        },
         ("", {2: ("finished; slot freed", False), 3: ("sent, finished=False", False)}),
         ("", {2: ("finished; deferred", True), 3: ("dropped; released", True)}),
         note=(2, 3, "R's slot is free while B3 still uses it"),
-    )  # fmt: skip
+    )
     return s.render()

@@ -68,15 +68,30 @@ def fig_sockets() -> str:
     s.box(api_x, box_top, api_w, box_bot - box_top, BLUE)
     s.text(cx, box_top + 28, "API server", size=16, anchor="middle", bold=True)
     s.text(cx, box_top + 47, "the frontend", size=13, anchor="middle", muted=True)
-    s.lines(cx, 196, ["a uid per request,", "replies per uid,", "streams them out"],
-            size=13, anchor="middle", muted=True, gap=1.45)  # fmt: skip
+    s.lines(
+        cx,
+        196,
+        ["a uid per request,", "replies per uid,", "streams them out"],
+        size=13,
+        anchor="middle",
+        muted=True,
+        gap=1.45,
+    )
     s.text(cx, top + 27, "ZmqAsyncPushQueue", size=11.5, anchor="middle", mono=True)
     s.text(cx, bottom + 27, "ZmqAsyncPullQueue", size=11.5, anchor="middle", mono=True)
 
     # tokenizer and detokenizer: one process by default
     mcx = mid_x + mid_w / 2
-    s.box(mid_x - 10, box_top - 12, mid_w + 20, box_bot - box_top + 24, None, rx=14,
-          dashed=True, stroke_width=1.1)  # fmt: skip
+    s.box(
+        mid_x - 10,
+        box_top - 12,
+        mid_w + 20,
+        box_bot - box_top + 24,
+        None,
+        rx=14,
+        dashed=True,
+        stroke_width=1.1,
+    )
     s.text(mcx, 218, "one process", size=13, anchor="middle", muted=True)
     s.text(mcx, 235, "by default", size=13, anchor="middle", muted=True)
     for y, title, sub, job in (
@@ -96,8 +111,15 @@ def fig_sockets() -> str:
     s.text(scx, box_top + 28, "scheduler", size=16, anchor="middle", bold=True)
     s.text(scx, box_top + 47, "rank 0", size=13, anchor="middle", muted=True)
     s.text(sch_x + 14, top + 25, "ZmqPullQueue", size=11.5, mono=True)
-    s.lines(scx, 184, ["reads each message", "as raw bytes,", "forwards them,", "then decodes"],
-            size=13, anchor="middle", muted=True, gap=1.45)  # fmt: skip
+    s.lines(
+        scx,
+        184,
+        ["reads each message", "as raw bytes,", "forwards them,", "then decodes"],
+        size=13,
+        anchor="middle",
+        muted=True,
+        gap=1.45,
+    )
     s.text(sch_x + 14, bottom + 25, "ZmqPushQueue", size=11.5, mono=True)
     s.text(sch_x + 14, box_bot - 12, "ZmqPubQueue", size=11.5, mono=True)
 
@@ -125,8 +147,14 @@ def fig_sockets() -> str:
             s.text(m, y + 36, f"batched as {batch}", size=12, anchor="middle", muted=True)
 
     queue(api_r, mid_x, top, ["TokenizeMsg", "AbortMsg"], "PUSH → PULL")
-    queue(mid_r, sch_x, top, ["UserMsg", "AbortBackendMsg", "ExitMsg"], "PUSH → PULL",
-          "BatchBackendMsg")  # fmt: skip
+    queue(
+        mid_r,
+        sch_x,
+        top,
+        ["UserMsg", "AbortBackendMsg", "ExitMsg"],
+        "PUSH → PULL",
+        "BatchBackendMsg",
+    )
     queue(sch_x, mid_r, bottom, ["DetokenizeMsg"], "PULL ← PUSH", "BatchTokenizerMsg")
     queue(mid_x, api_r, bottom, ["UserReply"], "PULL ← PUSH", "BatchFrontendMsg")
     # the broadcast: down from rank 0 to the other ranks
@@ -138,12 +166,17 @@ def fig_sockets() -> str:
 
     # the sockets: filled where the address is bound
     for x, y, binds in (
-        (api_r, top, False), (mid_x, top, True),  # API server -> tokenizer
-        (mid_r, top, False), (sch_x, top, True),  # tokenizer -> rank 0
-        (sch_x, bottom, False), (mid_r, bottom, True),  # rank 0 -> detokenizer
-        (mid_x, bottom, False), (api_r, bottom, True),  # detokenizer -> API server
-        (px, box_bot, True), (px, ry, False),  # rank 0 -> ranks 1 .. n-1
-    ):  # fmt: skip
+        (api_r, top, False),
+        (mid_x, top, True),  # API server -> tokenizer
+        (mid_r, top, False),
+        (sch_x, top, True),  # tokenizer -> rank 0
+        (sch_x, bottom, False),
+        (mid_r, bottom, True),  # rank 0 -> detokenizer
+        (mid_x, bottom, False),
+        (api_r, bottom, True),  # detokenizer -> API server
+        (px, box_bot, True),
+        (px, ry, False),  # rank 0 -> ranks 1 .. n-1
+    ):
         _dot(s, x, y, binds)
 
     # ---- legend
@@ -154,10 +187,20 @@ def fig_sockets() -> str:
     s.text(lx + 14, ly + 24, "connects to it (create=False)", size=13)
     s.arrow(lx - 6, ly + 44, lx + 8, ly + 44, width=1.7)
     s.text(lx + 14, ly + 48, "one queue: a socket at each end, bytes one way only", size=13)
-    s.text(lx - 8, ly + 78, "PUSH → PULL: many may push, one pulls; XPUB → SUB: every", size=12.5,
-           muted=True)  # fmt: skip
-    s.text(lx - 8, ly + 96, "subscriber gets every message (our XPUB waits until they are all in)",
-           size=12.5, muted=True)  # fmt: skip
+    s.text(
+        lx - 8,
+        ly + 78,
+        "PUSH → PULL: many may push, one pulls; XPUB → SUB: every",
+        size=12.5,
+        muted=True,
+    )
+    s.text(
+        lx - 8,
+        ly + 96,
+        "subscriber gets every message (our XPUB waits until they are all in)",
+        size=12.5,
+        muted=True,
+    )
 
     # ---- the wire: one message from the sender's class back to the same class
     iy = 608
@@ -271,8 +314,17 @@ def fig_slow_joiner() -> str:
         if waits:
             # put() -> wait_for_subscribers() blocks until the subscription event is read
             wx = t_put1 + put_w
-            s.box(wx, r0 - 11, t_arrive - wx, 22, GREY, rx=4, dashed=True, fill_opacity=0.12,
-                  stroke_width=1.1)  # fmt: skip
+            s.box(
+                wx,
+                r0 - 11,
+                t_arrive - wx,
+                22,
+                GREY,
+                rx=4,
+                dashed=True,
+                fill_opacity=0.12,
+                stroke_width=1.1,
+            )
             s.text((wx + t_arrive) / 2, r0 + 4.5, "blocks", size=12, anchor="middle", muted=True)
             s.label_bg((wx + t_arrive) / 2, r0 - 20, "wait_for_subscribers()", size=12, mono=True)
             event(t_arrive, r0, 44, "send", AMBER)
@@ -284,25 +336,58 @@ def fig_slow_joiner() -> str:
             s.line(xx, r0 + 13, xx, xy - 8, color=RED, width=1.6)
             for d in (-1, 1):
                 s.line(xx - 6, xy - 6 * d, xx + 6, xy + 6 * d, color=RED, width=2.4)
-            s.label_bg(xx - 14, xy + 4.5, "no subscriber known yet: dropped", size=12,
-                       anchor="end", color=RED)  # fmt: skip
-            s.box(got1[0], r1 - 13, got1[1] - got1[0], 26, RED, rx=5, dashed=True,
-                  fill_opacity=0.06, stroke_width=1.1, solid_bg=True)  # fmt: skip
+            s.label_bg(
+                xx - 14,
+                xy + 4.5,
+                "no subscriber known yet: dropped",
+                size=12,
+                anchor="end",
+                color=RED,
+            )
+            s.box(
+                got1[0],
+                r1 - 13,
+                got1[1] - got1[0],
+                26,
+                RED,
+                rx=5,
+                dashed=True,
+                fill_opacity=0.06,
+                stroke_width=1.1,
+                solid_bg=True,
+            )
             s.text(sum(got1) / 2, r1 + 4.5, "m1 never comes", size=12, anchor="middle", color=RED)
         event(t_put2, r0, put_w, "put(m2)")
         message(t_put2 + put_w / 2, r0 + 13, sum(got2) / 2, r1 - 13, "m2")
         event(got2[0], r1, got2[1] - got2[0], "get(): m2", GREEN)
 
-    panel(panels[0], "A plain PUB (upstream)", "send() goes to the subscribers known so far", "PUB",
-          waits=False)  # fmt: skip
-    panel(panels[1], "An XPUB that waits (ours)", "put() first waits for num_subscribers",
-          "XPUB", waits=True)  # fmt: skip
+    panel(
+        panels[0],
+        "A plain PUB (upstream)",
+        "send() goes to the subscribers known so far",
+        "PUB",
+        waits=False,
+    )
+    panel(
+        panels[1],
+        "An XPUB that waits (ours)",
+        "put() first waits for num_subscribers",
+        "XPUB",
+        waits=True,
+    )
 
     s.arrow(lane_x, axis_y, lane_r, axis_y, width=1.4)
     s.text(lane_r, axis_y + 18, "time", size=12.5, anchor="end", muted=True)
     s.text(t_conn, axis_y + 18, "connect() returns", size=12.5, anchor="middle", muted=True)
-    s.text(t_arrive, axis_y + 18, "the subscription arrives", size=12.5, anchor="middle",
-           muted=True)  # fmt: skip
-    s.text(8, axis_y + 46, "Dashed: the subscription, which the SUB socket sends by itself once "
-           "it is connected. Solid: a message sent with put().", size=12.5, muted=True)  # fmt: skip
+    s.text(
+        t_arrive, axis_y + 18, "the subscription arrives", size=12.5, anchor="middle", muted=True
+    )
+    s.text(
+        8,
+        axis_y + 46,
+        "Dashed: the subscription, which the SUB socket sends by itself once "
+        "it is connected. Solid: a message sent with put().",
+        size=12.5,
+        muted=True,
+    )
     return s.render()

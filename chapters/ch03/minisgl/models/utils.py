@@ -44,7 +44,9 @@ class GatedMLP(BaseOP):
         if config.hidden_act not in activations:
             raise ValueError(f"unsupported activation {config.hidden_act!r}")
         self.act_fn = activations[config.hidden_act]
-        self.down_proj = LinearRowParallel(config.intermediate_size, config.hidden_size, has_bias=False)
+        self.down_proj = LinearRowParallel(
+            config.intermediate_size, config.hidden_size, has_bias=False
+        )
 
     @nvtx_annotate("MLP")
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -83,7 +85,9 @@ class RopeAttn(BaseOP):
             q_norm=self.q_norm,
             k_norm=self.k_norm,
         )
-        self.o_proj = LinearOProj(head_dim * config.num_qo_heads, config.hidden_size, has_bias=False)
+        self.o_proj = LinearOProj(
+            head_dim * config.num_qo_heads, config.hidden_size, has_bias=False
+        )
 
     @nvtx_annotate("MHA")
     def forward(self, x: torch.Tensor) -> torch.Tensor:

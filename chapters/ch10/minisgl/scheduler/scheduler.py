@@ -29,8 +29,8 @@ from minisgl.message import (
     ExitMsg,
     UserMsg,
 )
-from minisgl.utils import init_logger, load_tokenizer
 from minisgl.utils import device as dev
+from minisgl.utils import init_logger, load_tokenizer
 
 from .cache import CacheManager
 from .config import SchedulerConfig
@@ -207,7 +207,9 @@ class Scheduler:
 
 def _make_positions(batch: Batch, device: torch.device) -> torch.Tensor:
     """Positions of the batch's new tokens: cached_len .. device_len-1 of every request."""
-    positions = [torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in batch.padded_reqs]
+    positions = [
+        torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in batch.padded_reqs
+    ]
     return dev.to_device(_pinned(torch.cat(positions), device), device)
 
 
@@ -222,7 +224,9 @@ def _make_input_tuple(batch: Batch, device: torch.device) -> Indice2D:
 def _make_write_tuple(batch: Batch, device: torch.device) -> Indice2D:
     """(slot, position) where each request's sampled token is stored in the token pool."""
     slots = dev.host_tensor([r.table_idx for r in batch.reqs], torch.int64, device)
-    positions = dev.host_tensor([r.device_len if r.can_decode else -1 for r in batch.reqs], torch.int64, device)
+    positions = dev.host_tensor(
+        [r.device_len if r.can_decode else -1 for r in batch.reqs], torch.int64, device
+    )
     return dev.to_device(slots, device), dev.to_device(positions, device)
 
 
