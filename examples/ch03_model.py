@@ -10,29 +10,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Tuple
+from typing import List
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.helpers.checkpoint import build  # noqa: E402
 from minisgl.core import Batch, Context, get_global_ctx, set_global_ctx  # noqa: E402
-from minisgl.layers import set_rope_device  # noqa: E402
-from minisgl.models import BaseLLMModel, ModelConfig, create_model, load_weight  # noqa: E402
-from minisgl.utils import cached_load_hf_config, torch_dtype  # noqa: E402
+from minisgl.models import BaseLLMModel  # noqa: E402
 from tools.models import PARITY_MODELS, ensure_model  # noqa: E402
 from tools.parity import book_device, book_dtype, build_prompts, eos_ids, run_parity  # noqa: E402
-
-
-def build(name: str) -> Tuple[ModelConfig, BaseLLMModel, int]:
-    path, device, dtype = str(ensure_model(name)), torch.device(book_device()), book_dtype()
-    config = ModelConfig.from_hf(cached_load_hf_config(path))
-    set_rope_device(device)
-    with torch.device("meta"), torch_dtype(dtype):  # shapes only: the loader fills them in
-        model = create_model(config)
-    weights = {k: v.to(dtype) for k, v in load_weight(path, device)}
-    count = len(weights)
-    model.load_state_dict(weights)
-    return config, model, count
 
 
 def forward_sequences(model: BaseLLMModel, sequences: List[List[int]]) -> torch.Tensor:

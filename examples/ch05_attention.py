@@ -15,12 +15,12 @@ from typing import Dict, List
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.helpers.checkpoint import build  # noqa: E402
+from examples.helpers.paging import PageAllocator, prepare_batch  # noqa: E402
 from minisgl.attention import create_attention_backend  # noqa: E402
 from minisgl.core import Context, Req, SamplingParams, get_global_ctx, set_global_ctx  # noqa: E402
 from minisgl.kvcache import create_kvcache_pool  # noqa: E402
-from tools.parity import book_device, book_dtype, eos_ids, load_example, run_parity  # noqa: E402
-
-ch04 = load_example("examples/ch04_kvpool.py")
+from tools.parity import book_device, book_dtype, eos_ids, run_parity  # noqa: E402
 
 
 def make_req(tokens: List[int], slot: int, cached_len: int = 0, output_len: int = 1) -> Req:
@@ -38,14 +38,14 @@ def make_req(tokens: List[int], slot: int, cached_len: int = 0, output_len: int 
 def setup(
     name: str, num_pages: int, page_size: int, rows: int, max_len: int, backend: str = "torch"
 ):
-    config, model, _ = ch04.ch03.build(name)
+    config, model, _ = build(name)
     ctx = get_global_ctx()
     ctx.page_size = page_size
     device = torch.device(book_device())
     ctx.kv_cache = create_kvcache_pool(config, num_pages, page_size, book_dtype(), device)
     ctx.page_table = torch.zeros(rows, max_len, dtype=torch.int32, device=device)
     ctx.attn_backend = create_attention_backend(backend, config)
-    return config, model, ch04.PageAllocator(num_pages, page_size, ctx.page_table)
+    return config, model, PageAllocator(num_pages, page_size, ctx.page_table)
 
 
 def show_ragged_batch() -> None:
@@ -54,7 +54,7 @@ def show_ragged_batch() -> None:
     ctx = get_global_ctx()
     shared = [11, 22, 33, 44]
     first = make_req(shared + [55], slot=0)  # computes the shared prefix...
-    with ctx.forward_batch(batch := ch04.prepare_batch([first], "prefill", allocator)):
+    with ctx.forward_batch(batch := prepare_batch([first], "prefill", allocator)):
         ctx.attn_backend.prepare_metadata(batch)
         model.forward()
     # ... which the second request reuses: its page-table row starts with the same slots
@@ -65,7 +65,7 @@ def show_ragged_batch() -> None:
         make_req(shared + [66, 77, 88], slot=1, cached_len=4),
         make_req([5, 6], slot=3),
     ]
-    batch = ch04.prepare_batch(reqs, "prefill", allocator)
+    batch = prepare_batch(reqs, "prefill", allocator)
     ctx.attn_backend.prepare_metadata(batch)
     meta = batch.attn_metadata
     print(
@@ -99,7 +99,7 @@ def generate(name: str, prompts: List[List[int]], n: int) -> List[List[int]]:
     eos, running, phase = set(eos_ids(name)), list(reqs), "prefill"
     outputs: Dict[int, List[int]] = {r.uid: [] for r in reqs}
     while running:
-        batch = ch04.prepare_batch(running, phase, allocator)
+        batch = prepare_batch(running, phase, allocator)
         ctx.attn_backend.prepare_metadata(batch)  # once per batch, for every layer
         with torch.inference_mode(), ctx.forward_batch(batch):
             logits = model.forward()  # one row per request now: its last token

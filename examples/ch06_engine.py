@@ -17,20 +17,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("LOG_LEVEL", "WARNING")  # the engine's start-up log shows timings
+from examples.helpers.paging import PageAllocator, prepare_batch
 from minisgl.core import Batch, Req, SamplingParams  # noqa: E402
 from minisgl.distributed import DistributedInfo  # noqa: E402
 from minisgl.engine import Engine, EngineConfig  # noqa: E402
 from tools.models import DEMO_MODEL, ensure_model  # noqa: E402
-from tools.parity import (
-    book_dtype,
-    build_prompts,
-    eos_ids,
-    load_example,
-    load_tokenizer,
-    run_parity,
-)  # noqa: E402
-
-ch04 = load_example("examples/ch04_kvpool.py")
+from tools.parity import book_dtype, build_prompts, eos_ids, load_tokenizer, run_parity
 
 
 def make_engine(
@@ -49,7 +41,7 @@ def make_engine(
 
 def step(engine: Engine, reqs: List[Req], phase: str, allocator) -> List[int]:
     """Prepare one batch by hand, run it, and return each request's new token."""
-    batch: Batch = ch04.prepare_batch(reqs, phase, allocator)
+    batch: Batch = prepare_batch(reqs, phase, allocator)
     batch.input_ids = batch.input_ids.to(engine.device)
     batch.positions = batch.positions.to(engine.device)
     batch.out_loc = batch.out_loc.to(engine.device)
@@ -70,7 +62,7 @@ def run(
     trace=None,
 ) -> List[List[int]]:
     """Prefill every request in one batch, then decode the unfinished ones together."""
-    allocator = ch04.PageAllocator(engine.num_pages, engine.ctx.page_size, engine.page_table)
+    allocator = PageAllocator(engine.num_pages, engine.ctx.page_size, engine.page_table)
     reqs = [
         Req(
             input_ids=torch.tensor(p, dtype=torch.int32),

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.helpers.scripted import ScriptedScheduler, make_config, user_msg  # noqa: E402
 from tools.models import DEMO_MODEL  # noqa: E402
-from tools.parity import load_example, load_tokenizer, run_parity  # noqa: E402
-
-ch07 = load_example("examples/ch07_scheduler.py")
+from tools.parity import load_tokenizer, run_parity  # noqa: E402
 
 
 def show_memory_pressure() -> None:
@@ -30,12 +29,12 @@ def show_memory_pressure() -> None:
         "One, two,",
         "My favourite fruit is",
     ]
-    msgs = [ch07.user_msg(i, tok(t).input_ids, 12) for i, t in enumerate(texts)]
+    msgs = [user_msg(i, tok(t).input_ids, 12) for i, t in enumerate(texts)]
     needs = [len(m.input_ids) + m.sampling_params.max_tokens for m in msgs]
     print(f"6 requests need {needs} token slots (prompt + max_tokens); the pool has 16 pages of 4")
     print("step  phase    reqs  waiting  free slots  (request:new tokens)")
-    config = ch07.make_config(DEMO_MODEL, page_size=4, num_page_override=16, cache_type="naive")
-    sched = ch07.ScriptedScheduler(config, [(0, m) for m in msgs], trace=True)
+    config = make_config(DEMO_MODEL, page_size=4, num_page_override=16, cache_type="naive")
+    sched = ScriptedScheduler(config, [(0, m) for m in msgs], trace=True)
     outputs = sched.run()
     sched.cache_manager.check_integrity()
     print(
@@ -44,11 +43,11 @@ def show_memory_pressure() -> None:
     )
     sched.shutdown()
     for page_size in (1, 16):
-        config = ch07.make_config(
+        config = make_config(
             DEMO_MODEL, page_size=page_size, num_page_override=64 // page_size, cache_type="naive"
         )
-        other = ch07.ScriptedScheduler(
-            config, [(0, ch07.user_msg(i, tok(t).input_ids, 12)) for i, t in enumerate(texts)]
+        other = ScriptedScheduler(
+            config, [(0, user_msg(i, tok(t).input_ids, 12)) for i, t in enumerate(texts)]
         )
         same = other.run() == outputs
         other.cache_manager.check_integrity()
@@ -61,10 +60,8 @@ def generate(name: str, prompts: List[List[int]], n: int) -> List[List[int]]:
     """Every prompt at once into a pool that holds only about one request at a time."""
     longest = max(len(p) for p in prompts) + n
     pages = -(-longest // 16) + 1
-    config = ch07.make_config(name, page_size=16, num_page_override=pages, cache_type="naive")
-    sched = ch07.ScriptedScheduler(
-        config, [(0, ch07.user_msg(i, p, n)) for i, p in enumerate(prompts)]
-    )
+    config = make_config(name, page_size=16, num_page_override=pages, cache_type="naive")
+    sched = ScriptedScheduler(config, [(0, user_msg(i, p, n)) for i, p in enumerate(prompts)])
     try:
         outputs = sched.run()
         sched.cache_manager.check_integrity()

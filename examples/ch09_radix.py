@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.helpers.scripted import ScriptedScheduler, make_config, user_msg  # noqa: E402
 from minisgl.kvcache.radix_cache import RadixPrefixCache, RadixTreeNode  # noqa: E402
 from tools.models import DEMO_MODEL  # noqa: E402
-from tools.parity import load_example, load_tokenizer, run_parity  # noqa: E402
-
-ch07 = load_example("examples/ch07_scheduler.py")
+from tools.parity import load_tokenizer, run_parity  # noqa: E402
 
 SYSTEM = (
     "You are a patient teacher. Answer in one short sentence, use simple words, and never "
@@ -35,7 +34,7 @@ QUESTIONS = [
 ]
 
 
-class CountingScheduler(ch07.ScriptedScheduler):
+class CountingScheduler(ScriptedScheduler):
     """Counts the prompt tokens each prefill really computes."""
 
     computed = 0
@@ -47,8 +46,8 @@ class CountingScheduler(ch07.ScriptedScheduler):
 
 
 def run(cache_type: str, prompts: List[List[int]], page_size: int = 1):
-    arrivals = [(2 * i, ch07.user_msg(i, p, 10)) for i, p in enumerate(prompts)]
-    config = ch07.make_config(
+    arrivals = [(2 * i, user_msg(i, p, 10)) for i, p in enumerate(prompts)]
+    config = make_config(
         DEMO_MODEL, cache_type=cache_type, page_size=page_size, num_page_override=2048 // page_size
     )
     sched = CountingScheduler(config, arrivals)
@@ -107,8 +106,8 @@ def show_reuse() -> None:
 def generate(name: str, prompts: List[List[int]], n: int) -> List[List[int]]:
     """Each prompt twice: the second copy reuses the first one's cached prefix."""
     doubled = [p for p in prompts for _ in range(2)]
-    arrivals = [(2 * i, ch07.user_msg(i, p, n)) for i, p in enumerate(doubled)]
-    config = ch07.make_config(name, cache_type="radix", page_size=4, num_page_override=256)
+    arrivals = [(2 * i, user_msg(i, p, n)) for i, p in enumerate(doubled)]
+    config = make_config(name, cache_type="radix", page_size=4, num_page_override=256)
     sched = CountingScheduler(config, arrivals)
     try:
         outputs = sched.run()

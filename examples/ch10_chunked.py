@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.helpers.scripted import ScriptedScheduler, make_config, user_msg  # noqa: E402
 from tools.models import DEMO_MODEL  # noqa: E402
-from tools.parity import load_example, load_tokenizer, run_parity  # noqa: E402
-
-ch07 = load_example("examples/ch07_scheduler.py")
+from tools.parity import load_tokenizer, run_parity  # noqa: E402
 
 STORY = (
     "Once upon a time, in a village between two rivers, there lived a baker who rose every "
@@ -30,18 +29,18 @@ def show_chunks() -> None:
     tok = load_tokenizer(DEMO_MODEL)
     long_prompt = tok(STORY + "What did the baker do when the flour ran out?").input_ids
     arrivals = [
-        (0, ch07.user_msg(0, tok("The capital of France is").input_ids, 12)),
-        (0, ch07.user_msg(1, tok("Water boils at").input_ids, 12)),
-        (2, ch07.user_msg(2, long_prompt, 6)),
+        (0, user_msg(0, tok("The capital of France is").input_ids, 12)),
+        (0, user_msg(1, tok("Water boils at").input_ids, 12)),
+        (2, user_msg(2, long_prompt, 6)),
     ]
     print(f"r2's prompt has {len(long_prompt)} tokens; a prefill batch computes at most 32")
     print("step  phase    reqs  waiting  free slots  (request:new tokens)")
-    config = ch07.make_config(DEMO_MODEL, max_extend_tokens=32)
-    sched = ch07.ScriptedScheduler(config, arrivals, trace=True)
+    config = make_config(DEMO_MODEL, max_extend_tokens=32)
+    sched = ScriptedScheduler(config, arrivals, trace=True)
     chunked = sched.run()
     sched.cache_manager.check_integrity()
     sched.shutdown()
-    whole = ch07.ScriptedScheduler(ch07.make_config(DEMO_MODEL, max_extend_tokens=8192), arrivals)
+    whole = ScriptedScheduler(make_config(DEMO_MODEL, max_extend_tokens=8192), arrivals)
     same = whole.run() == chunked
     whole.shutdown()
     print(f"the same tokens as without chunks: {same}")
@@ -50,10 +49,8 @@ def show_chunks() -> None:
 
 def generate(name: str, prompts: List[List[int]], n: int) -> List[List[int]]:
     """A budget of 8 tokens: every prompt but the shortest is split, the chat prompt in 5."""
-    arrivals = [(2 * i, ch07.user_msg(i, p, n)) for i, p in enumerate(prompts)]
-    sched = ch07.ScriptedScheduler(
-        ch07.make_config(name, max_extend_tokens=8, page_size=4), arrivals
-    )
+    arrivals = [(2 * i, user_msg(i, p, n)) for i, p in enumerate(prompts)]
+    sched = ScriptedScheduler(make_config(name, max_extend_tokens=8, page_size=4), arrivals)
     try:
         outputs = sched.run()
         sched.cache_manager.check_integrity()

@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("LOG_LEVEL", "WARNING")
+from examples.helpers.socket_scheduler import serve  # noqa: E402
 from minisgl.core import SamplingParams  # noqa: E402
-from minisgl.distributed import DistributedInfo  # noqa: E402
 from minisgl.message import (  # noqa: E402
     AbortBackendMsg,
     AbortMsg,
@@ -40,8 +40,7 @@ from minisgl.message import (  # noqa: E402
     UserMsg,
     UserReply,
 )
-from minisgl.scheduler import Scheduler, SchedulerConfig  # noqa: E402
-from minisgl.utils import ZmqPubQueue, ZmqPullQueue, ZmqPushQueue, ZmqSubQueue, make_stoppable  # noqa: E402
+from minisgl.utils import ZmqPubQueue, ZmqPullQueue, ZmqPushQueue, ZmqSubQueue  # noqa: E402
 from tools.models import ensure_model  # noqa: E402
 from tools.parity import book_dtype, run_parity  # noqa: E402
 from tools.processes import finish, receive, stopped_on_exit  # noqa: E402
@@ -101,50 +100,6 @@ def show_the_wire() -> None:
 
 def wire_copy(raw: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(msgpack.unpackb(msgpack.packb(raw))), dtype=torch.int32)
-
-
-# ------------------------------------------------------------------------- the remote scheduler
-class SocketScheduler(Scheduler):
-    """The scheduler's two hooks over sockets (chapter 14 builds this into the scheduler)."""
-
-    def __init__(self, config: SchedulerConfig, backend_addr: str, detokenizer_addr: str) -> None:
-        super().__init__(config)
-        self.inbox = ZmqPullQueue(backend_addr, create=True, decoder=BaseBackendMsg.decoder)
-        self.outbox = ZmqPushQueue(detokenizer_addr, create=False, encoder=BaseTokenizerMsg.encoder)
-
-    def offline_receive_msg(self, blocking: bool = False) -> List[BaseBackendMsg]:
-        messages = [self.inbox.get()] if blocking else []
-        while not self.inbox.empty():
-            messages.append(self.inbox.get())
-        return messages
-
-    def offline_send_result(self, reply: List[DetokenizeMsg]) -> None:
-        if len(reply) == 1:
-            self.outbox.put(reply[0])
-        elif reply:
-            self.outbox.put(BatchTokenizerMsg(reply))
-
-
-def serve(model_path: str, dtype: str, backend_addr: str, detokenizer_addr: str) -> None:
-    """The scheduler process: runs until an ExitMsg arrives (or a signal, or its parent's
-    death: make_stoppable)."""
-    make_stoppable()
-    config = SchedulerConfig(
-        model_path=model_path,
-        tp_info=DistributedInfo(0, 1),
-        dtype=getattr(torch, dtype),
-        offline_mode=True,
-        max_running_req=8,
-        num_page_override=2048,
-    )
-    scheduler = SocketScheduler(config, backend_addr, detokenizer_addr)
-    try:
-        scheduler.run_forever()
-    except KeyboardInterrupt:  # what an ExitMsg raises
-        pass
-    scheduler.shutdown()
-    scheduler.inbox.stop()
-    scheduler.outbox.stop()
 
 
 def generate(name: str, prompts: List[List[int]], n: int) -> List[List[int]]:

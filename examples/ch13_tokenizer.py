@@ -18,6 +18,7 @@ from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("LOG_LEVEL", "WARNING")
+from examples.helpers.socket_scheduler import serve  # noqa: E402
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.message import (  # noqa: E402
     BaseBackendMsg,
@@ -33,7 +34,7 @@ from minisgl.tokenizer import tokenize_worker  # noqa: E402
 from minisgl.tokenizer.detokenize import DetokenizeManager  # noqa: E402
 from minisgl.utils import ZmqPullQueue, ZmqPushQueue  # noqa: E402
 from tools.models import DEMO_MODEL, ensure_model  # noqa: E402
-from tools.parity import DEFAULT_TEXTS, book_dtype, load_example, load_tokenizer, run_parity  # noqa: E402
+from tools.parity import DEFAULT_TEXTS, book_dtype, load_tokenizer, run_parity  # noqa: E402
 from tools.processes import finish, receive, stopped_on_exit  # noqa: E402
 
 REPLY_TIMEOUT_S = 120  # a worker that sends nothing for this long is stuck
@@ -56,13 +57,6 @@ def show_streaming() -> None:
     print(f"  joined: {''.join(sent)!r}, equal to the text: {''.join(sent) == text}\n")
 
 
-def run_scheduler(model_path: str, dtype: str, backend_addr: str, detokenizer_addr: str) -> None:
-    """The scheduler process of chapter 12's main."""
-    load_example("examples/ch12_messages.py").serve(
-        model_path, dtype, backend_addr, detokenizer_addr
-    )
-
-
 def unwrap(msg) -> List:
     return msg.data if isinstance(msg, (BatchFrontendMsg, BatchTokenizerMsg)) else [msg]
 
@@ -83,9 +77,7 @@ def generate_over(folder: str, name: str, prompts: List[List[int]], n: int) -> L
     spawn = mp.get_context("spawn")
     dtype = str(book_dtype()).removeprefix("torch.")
     model = str(ensure_model(name))
-    scheduler = spawn.Process(
-        target=run_scheduler, args=(model, dtype, addr["backend"], addr["tap"])
-    )
+    scheduler = spawn.Process(target=serve, args=(model, dtype, addr["backend"], addr["tap"]))
     worker = spawn.Process(
         target=tokenize_worker,
         kwargs=dict(

@@ -81,11 +81,11 @@ def test_create_pool_from_a_model_config(model_path) -> None:
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_page_table_rows_point_into_each_requests_own_pages(page_size: int) -> None:
-    from tests.support import load_example
 
-    ch04 = load_example("examples/ch04_kvpool.py")
+    from examples.helpers.paging import PageAllocator
+
     table = torch.full((3, 40), -1, dtype=torch.int32)
-    allocator = ch04.PageAllocator(num_pages=40, page_size=page_size, page_table=table)
+    allocator = PageAllocator(num_pages=40, page_size=page_size, page_table=table)
     lengths = [5, 17, 3]
     for slot, length in enumerate(lengths):
         allocator.slots_for(slot, 0, length - 1)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from examples.helpers import checkpoint, paging
 from minisgl.core import Context, clear_global_ctx, set_global_ctx
 from tests.support import load_example
 
@@ -36,15 +37,15 @@ def test_pool_holds_transformers_keys_and_values(ch04, model_path) -> None:
     from minisgl.core import Req, SamplingParams, get_global_ctx
     from minisgl.kvcache import create_kvcache_pool
 
-    config, model, _ = ch04.ch03.build("tiny-llama3")
+    config, model, _ = checkpoint.build("tiny-llama3")
     ctx = get_global_ctx()
     ctx.kv_cache = create_kvcache_pool(config, 8, 4, torch.float32, torch.device("cpu"))
     ctx.page_table = torch.zeros(2, 32, dtype=torch.int32)
-    allocator = ch04.PageAllocator(8, 4, ctx.page_table)
+    allocator = paging.PageAllocator(8, 4, ctx.page_table)
     allocator.free_pages = [5, 2, 7, 0, 6, 1, 3, 4]  # scattered pages
     prompt = [1, 300, 2000, 45, 7, 7, 9000, 12, 13, 14]
     req = Req(torch.tensor(prompt, dtype=torch.int32), 1, 0, 4, 0, SamplingParams(), None)  # type: ignore[arg-type]
-    batch = ch04.prepare_batch([req], "prefill", allocator)
+    batch = paging.prepare_batch([req], "prefill", allocator)
     with torch.inference_mode(), ctx.forward_batch(batch):
         model.forward()
     hf = AutoModelForCausalLM.from_pretrained(model_path("tiny-llama3"), dtype=torch.float32)

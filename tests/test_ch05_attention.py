@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
+from examples.helpers import paging
 from minisgl.attention import (
     SUPPORTED_ATTENTION_BACKENDS,
     BaseAttnBackend,
@@ -173,7 +174,7 @@ def test_prefill_and_decode_logits_match_transformers(name: str, ctx, model_path
     req = ch05.make_req(tokens[:17], slot=0, output_len=8)
     phase = "prefill"
     for step in range(4):
-        batch = ch05.ch04.prepare_batch([req], phase, allocator)
+        batch = paging.prepare_batch([req], phase, allocator)
         ctx.attn_backend.prepare_metadata(batch)
         with torch.inference_mode(), ctx.forward_batch(batch):
             ours = model.forward()[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from examples.helpers import paging
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.distributed import DistributedInfo
 from minisgl.engine import BatchSamplingArgs, Engine, EngineConfig
@@ -67,12 +68,11 @@ def test_two_engines_one_after_the_other(model_path) -> None:
 def test_forward_batch_advances_requests_and_copies_tokens(model_path) -> None:
     engine = Engine(config_for(model_path("tiny-llama3"), num_page_override=16))
     try:
-        ch04 = ch06.ch04
-        allocator = ch04.PageAllocator(engine.num_pages, 4, engine.page_table)
+        allocator = paging.PageAllocator(engine.num_pages, 4, engine.page_table)
         req = Req(
             torch.tensor([3, 4, 5, 6, 7], dtype=torch.int32), 0, 0, 3, 0, SamplingParams(), None
         )  # type: ignore[arg-type]
-        batch = ch04.prepare_batch([req], "prefill", allocator)
+        batch = paging.prepare_batch([req], "prefill", allocator)
         engine.attn_backend.prepare_metadata(batch)
         out = engine.forward_batch(batch, engine.sampler.prepare(batch))
         out.copy_done_event.synchronize()

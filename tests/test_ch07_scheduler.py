@@ -7,6 +7,7 @@ from typing import List
 import pytest
 import torch
 
+from examples.helpers import scripted
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.message import AbortBackendMsg
 from minisgl.scheduler.decode import DecodeManager
@@ -14,8 +15,6 @@ from minisgl.scheduler.scheduler import _make_input_tuple, _make_positions, _mak
 from minisgl.scheduler.table import TableManager
 from tests.support import load_example, requires_model
 from tools.parity import build_prompts
-
-ch07 = load_example("examples/ch07_scheduler.py")
 
 
 def reference(model_path, name: str, prompts: List[List[int]], n: int) -> List[List[int]]:
@@ -27,17 +26,19 @@ def reference(model_path, name: str, prompts: List[List[int]], n: int) -> List[L
 PROMPTS = [[9, 120, 3001], [77, 15, 16, 17, 18, 19, 20, 21, 22, 23], [5], [400, 401, 402, 403]]
 
 
-def run(arrivals, **config) -> "ch07.ScriptedScheduler":
+def run(arrivals, **config) -> "scripted.ScriptedScheduler":
     # no prefix cache (from chapter 09 the default keeps finished prompts' pages)
     config.setdefault("cache_type", "naive")
-    sched = ch07.ScriptedScheduler(ch07.make_config("tiny-qwen3", **config), arrivals, trace=False)
+    sched = scripted.ScriptedScheduler(
+        scripted.make_config("tiny-qwen3", **config), arrivals, trace=False
+    )
     sched.run()
     return sched
 
 
 def test_staggered_arrivals_give_each_request_its_own_tokens(model_path) -> None:
     arrivals = [
-        (step, ch07.user_msg(i, p, 9)) for i, (step, p) in enumerate(zip([0, 2, 3, 7], PROMPTS))
+        (step, scripted.user_msg(i, p, 9)) for i, (step, p) in enumerate(zip([0, 2, 3, 7], PROMPTS))
     ]
     sched = run(arrivals)
     try:
@@ -56,18 +57,18 @@ def test_prefill_first_and_batch_composition() -> None:
     holds every running request, and finished ones leave."""
     phases: List[tuple] = []
 
-    class Recorder(ch07.ScriptedScheduler):
+    class Recorder(scripted.ScriptedScheduler):
         def _forward(self, forward_input):
             batch = forward_input.batch
             phases.append((self.step, batch.phase, [r.uid for r in batch.reqs]))
             return super()._forward(forward_input)
 
     arrivals = [
-        (0, ch07.user_msg(0, PROMPTS[0], 4)),
-        (0, ch07.user_msg(1, PROMPTS[1], 2)),
-        (2, ch07.user_msg(2, PROMPTS[2], 3)),
+        (0, scripted.user_msg(0, PROMPTS[0], 4)),
+        (0, scripted.user_msg(1, PROMPTS[1], 2)),
+        (2, scripted.user_msg(2, PROMPTS[2], 3)),
     ]
-    sched = Recorder(ch07.make_config("tiny-qwen3"), arrivals)
+    sched = Recorder(scripted.make_config("tiny-qwen3"), arrivals)
     sched.run()
     sched.shutdown()
     assert phases == [
@@ -81,8 +82,8 @@ def test_prefill_first_and_batch_composition() -> None:
 
 
 def test_the_token_pool_holds_prompt_and_outputs() -> None:
-    sched = ch07.ScriptedScheduler(
-        ch07.make_config("tiny-llama3"), [(0, ch07.user_msg(0, PROMPTS[1], 5))]
+    sched = scripted.ScriptedScheduler(
+        scripted.make_config("tiny-llama3"), [(0, scripted.user_msg(0, PROMPTS[1], 5))]
     )
     seen = {}
     original = sched._free_req_resources
@@ -104,8 +105,8 @@ def test_max_tokens_and_eos() -> None:
     # max_tokens the request stops at max_tokens exactly
     sched = run(
         [
-            (0, ch07.user_msg(0, PROMPTS[0], 1)),
-            (0, ch07.user_msg(1, PROMPTS[2], 7, ignore_eos=True)),
+            (0, scripted.user_msg(0, PROMPTS[0], 1)),
+            (0, scripted.user_msg(1, PROMPTS[2], 7, ignore_eos=True)),
         ]
     )
     sched.shutdown()
@@ -116,8 +117,8 @@ def test_max_tokens_and_eos() -> None:
 def test_stopping_at_eos(model_path) -> None:
     """SmolLM2 ends its answer with <|im_end|> (the EOS): the scheduler stops there."""
     prompt = build_prompts("smollm2-135m")[0]  # "The capital of France is" -> ... <|im_end|>
-    sched = ch07.ScriptedScheduler(
-        ch07.make_config("smollm2-135m"), [(0, ch07.user_msg(0, prompt, 40))]
+    sched = scripted.ScriptedScheduler(
+        scripted.make_config("smollm2-135m"), [(0, scripted.user_msg(0, prompt, 40))]
     )
     sched.run()
     sched.shutdown()
@@ -127,10 +128,10 @@ def test_stopping_at_eos(model_path) -> None:
 
 def test_abort_of_a_waiting_and_a_running_request() -> None:
     arrivals = [
-        (0, ch07.user_msg(0, PROMPTS[0], 30)),
-        (0, ch07.user_msg(1, PROMPTS[1], 30)),
+        (0, scripted.user_msg(0, PROMPTS[0], 30)),
+        (0, scripted.user_msg(1, PROMPTS[1], 30)),
         (3, AbortBackendMsg(uid=0)),
-        (3, ch07.user_msg(2, PROMPTS[2], 3)),
+        (3, scripted.user_msg(2, PROMPTS[2], 3)),
         (3, AbortBackendMsg(uid=2)),
     ]
     sched = run(arrivals)
@@ -185,4 +186,5 @@ def test_table_manager() -> None:
 
 @pytest.mark.parametrize("name", ["tiny-qwen2", "tiny-mistral"])
 def test_parity_through_the_scheduler(name: str, model_path) -> None:
+    ch07 = load_example("examples/ch07_scheduler.py")
     assert ch07.generate(name, PROMPTS, 12) == reference(model_path, name, PROMPTS, 12)

@@ -8,6 +8,7 @@ from typing import List
 import pytest
 import torch
 
+from examples.helpers import scripted
 from minisgl.core import Req, SamplingParams
 from minisgl.kvcache import create_prefix_cache
 from minisgl.kvcache.naive_cache import NaiveCacheHandle
@@ -16,8 +17,6 @@ from minisgl.scheduler.prefill import PrefillAdder
 from minisgl.scheduler.table import TableManager
 from minisgl.scheduler.utils import PendingReq
 from tests.support import load_example
-
-ch07 = load_example("examples/ch07_scheduler.py")
 
 PROMPTS = [[9, 120, 3001], [77, 15, 16, 17, 18, 19, 20, 21, 22, 23], [5], [400, 401, 402, 403, 404]]
 
@@ -28,7 +27,9 @@ def reference(model_path, name: str, prompts: List[List[int]], n: int) -> List[L
 
 
 def run(name: str, arrivals, **config):
-    sched = ch07.ScriptedScheduler(ch07.make_config(name, cache_type="naive", **config), arrivals)
+    sched = scripted.ScriptedScheduler(
+        scripted.make_config(name, cache_type="naive", **config), arrivals
+    )
     try:
         outputs = sched.run()
         sched.cache_manager.check_integrity()
@@ -43,7 +44,8 @@ def test_every_page_size_gives_the_same_tokens_and_returns_every_page(
     page_size: int, model_path
 ) -> None:
     arrivals = [
-        (step, ch07.user_msg(i, p, 10)) for i, (step, p) in enumerate(zip([0, 0, 4, 5], PROMPTS))
+        (step, scripted.user_msg(i, p, 10))
+        for i, (step, p) in enumerate(zip([0, 0, 4, 5], PROMPTS))
     ]
     _, outputs = run(
         "tiny-qwen3", arrivals, page_size=page_size, num_page_override=256 // page_size
@@ -58,16 +60,16 @@ def test_memory_pressure_queues_requests_instead_of_failing(page_size: int, mode
     pages = -(-biggest // page_size) + 1  # room for the biggest request and a spare page
     running: List[int] = []
 
-    class Watcher(ch07.ScriptedScheduler):
+    class Watcher(scripted.ScriptedScheduler):
         def _forward(self, forward_input):
             running.append(len(self.decode_manager.running_reqs) + forward_input.batch.is_prefill)
             return super()._forward(forward_input)
 
     sched = Watcher(
-        ch07.make_config(
+        scripted.make_config(
             "tiny-llama3", cache_type="naive", page_size=page_size, num_page_override=pages
         ),
-        [(0, ch07.user_msg(i, p, 10)) for i, p in enumerate(PROMPTS)],
+        [(0, scripted.user_msg(i, p, 10)) for i, p in enumerate(PROMPTS)],
     )
     outputs = sched.run()
     sched.cache_manager.check_integrity()
@@ -173,19 +175,19 @@ def test_a_prompt_longer_than_the_engine_is_refused_with_the_reason() -> None:
     request asking for more output than fits is capped; the others are served."""
     replies = []
 
-    class Recorder(ch07.ScriptedScheduler):
+    class Recorder(scripted.ScriptedScheduler):
         def offline_send_result(self, reply):
             replies.extend(reply)
             super().offline_send_result(reply)
 
     shared = SamplingParams(max_tokens=100)
     arrivals = [
-        (0, ch07.user_msg(0, list(range(3, 73)), 5)),
-        (0, ch07.UserMsg(1, torch.arange(3, 13, dtype=torch.int32), shared)),
-        (0, ch07.user_msg(2, [5, 6, 7], 4)),
+        (0, scripted.user_msg(0, list(range(3, 73)), 5)),
+        (0, scripted.UserMsg(1, torch.arange(3, 13, dtype=torch.int32), shared)),
+        (0, scripted.user_msg(2, [5, 6, 7], 4)),
     ]
     sched = Recorder(
-        ch07.make_config("tiny-qwen2", cache_type="naive", page_size=4, num_page_override=16),
+        scripted.make_config("tiny-qwen2", cache_type="naive", page_size=4, num_page_override=16),
         arrivals,
     )
     sched.run()
@@ -200,9 +202,9 @@ def test_a_prompt_longer_than_the_engine_is_refused_with_the_reason() -> None:
 
 
 def test_idle_scheduler_checks_integrity() -> None:
-    sched = ch07.ScriptedScheduler(
-        ch07.make_config("tiny-qwen3", cache_type="naive"),
-        [(0, ch07.user_msg(0, [4, 5], 2)), (9, ch07.user_msg(1, [6], 2))],
+    sched = scripted.ScriptedScheduler(
+        scripted.make_config("tiny-qwen3", cache_type="naive"),
+        [(0, scripted.user_msg(0, [4, 5], 2)), (9, scripted.user_msg(1, [6], 2))],
     )
     leaked = []
     original = sched.cache_manager.cache_req

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
 
+from examples.helpers import scripted
 from minisgl.core import Context, clear_global_ctx, set_global_ctx
 from minisgl.kvcache import create_prefix_cache
 from minisgl.kvcache.radix_cache import RadixCacheHandle, RadixPrefixCache
@@ -208,10 +209,10 @@ def test_reuse_through_the_scheduler(model_path) -> None:
     outputs = {}
     for cache_type in ("naive", "radix"):
         arrivals = [
-            (0, ch09.ch07.user_msg(0, prompts[0], 6)),
-            (3, ch09.ch07.user_msg(1, prompts[1], 6)),
+            (0, scripted.user_msg(0, prompts[0], 6)),
+            (3, scripted.user_msg(1, prompts[1], 6)),
         ]
-        config = ch09.ch07.make_config("tiny-qwen2", cache_type=cache_type, page_size=4)
+        config = scripted.make_config("tiny-qwen2", cache_type=cache_type, page_size=4)
         sched = ch09.CountingScheduler(config, arrivals)
         outputs[cache_type] = sched.run()
         sched.cache_manager.check_integrity()
@@ -228,18 +229,17 @@ def test_a_running_request_does_not_read_pages_freed_as_duplicates(model_path) -
     prefix; the cache keeps the first one's copy, and the second one's duplicate pages are
     freed while it keeps decoding. Its page-table row must then point at the cache's copy:
     otherwise its later steps read pages that a newcomer (r2) has meanwhile overwritten."""
-    ch09 = load_example("examples/ch09_radix.py")
     shared = list(range(100, 108))
     a, b, c = shared + [900, 901], shared + [700, 701], list(range(300, 333))
     arrivals = [
-        (0, ch09.ch07.user_msg(0, a, 2)),
-        (0, ch09.ch07.user_msg(1, b, 20)),
-        (3, ch09.ch07.user_msg(2, c, 1)),
+        (0, scripted.user_msg(0, a, 2)),
+        (0, scripted.user_msg(1, b, 20)),
+        (3, scripted.user_msg(2, c, 1)),
     ]
-    config = ch09.ch07.make_config(
+    config = scripted.make_config(
         "tiny-qwen3", page_size=1, num_page_override=64, cache_type="radix", max_running_req=4
     )
-    sched = ch09.ch07.ScriptedScheduler(config, arrivals)
+    sched = scripted.ScriptedScheduler(config, arrivals)
     try:
         outputs = sched.run()
         sched.cache_manager.check_integrity()

@@ -7,6 +7,7 @@ from typing import List, Tuple
 import pytest
 import torch
 
+from examples.helpers import scripted
 from minisgl.core import SamplingParams
 from minisgl.message import AbortBackendMsg
 from minisgl.scheduler.cache import CacheManager
@@ -15,15 +16,13 @@ from minisgl.scheduler.table import TableManager
 from minisgl.scheduler.utils import PendingReq
 from tests.support import load_example
 
-ch07 = load_example("examples/ch07_scheduler.py")
-
 
 def reference(model_path, name: str, prompts: List[List[int]], n: int) -> List[List[int]]:
     model = load_example("examples/ch00_step0.py").Step0Model(model_path(name))
     return [model.generate(p, n) for p in prompts]
 
 
-class Recorder(ch07.ScriptedScheduler):
+class Recorder(scripted.ScriptedScheduler):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.batches: List[Tuple[str, List[Tuple[int, int, bool]]]] = []
@@ -44,12 +43,12 @@ def test_prompts_many_times_the_budget_match(
     g = torch.Generator().manual_seed(budget)
     prompts = [torch.randint(3, 40000, (n,), generator=g).tolist() for n in (61, 5, 33)]
     arrivals = [
-        (0, ch07.user_msg(0, prompts[0], 8)),
-        (1, ch07.user_msg(1, prompts[1], 8)),
-        (2, ch07.user_msg(2, prompts[2], 8)),
+        (0, scripted.user_msg(0, prompts[0], 8)),
+        (1, scripted.user_msg(1, prompts[1], 8)),
+        (2, scripted.user_msg(2, prompts[2], 8)),
     ]
     sched = Recorder(
-        ch07.make_config(name, max_extend_tokens=budget, page_size=page_size), arrivals
+        scripted.make_config(name, max_extend_tokens=budget, page_size=page_size), arrivals
     )
     outputs = sched.run()
     sched.cache_manager.check_integrity()
@@ -66,10 +65,10 @@ def test_prompts_many_times_the_budget_match(
 
 def test_decoding_requests_take_turns_with_the_chunks() -> None:
     arrivals = [
-        (0, ch07.user_msg(0, [5, 6, 7], 20)),
-        (1, ch07.user_msg(1, list(range(100, 140)), 3)),
+        (0, scripted.user_msg(0, [5, 6, 7], 20)),
+        (1, scripted.user_msg(1, list(range(100, 140)), 3)),
     ]
-    sched = Recorder(ch07.make_config("tiny-qwen2", max_extend_tokens=10), arrivals)
+    sched = Recorder(scripted.make_config("tiny-qwen2", max_extend_tokens=10), arrivals)
     sched.run()
     sched.shutdown()
     chunk_steps = [
@@ -89,11 +88,11 @@ def test_chunks_after_a_cached_prefix() -> None:
     """The second request reuses 40 cached tokens and prefills the remaining 30 in chunks."""
     common = list(range(1000, 1040))
     arrivals = [
-        (0, ch07.user_msg(0, common + [1, 2], 4)),
-        (6, ch07.user_msg(1, common + list(range(2000, 2030)), 4)),
+        (0, scripted.user_msg(0, common + [1, 2], 4)),
+        (6, scripted.user_msg(1, common + list(range(2000, 2030)), 4)),
     ]
     sched = Recorder(
-        ch07.make_config("tiny-mistral", max_extend_tokens=12, cache_type="radix"), arrivals
+        scripted.make_config("tiny-mistral", max_extend_tokens=12, cache_type="radix"), arrivals
     )
     sched.run()
     sched.cache_manager.check_integrity()
@@ -106,11 +105,11 @@ def test_chunks_after_a_cached_prefix() -> None:
 
 def test_aborting_a_request_between_chunks_frees_everything() -> None:
     arrivals = [
-        (0, ch07.user_msg(0, list(range(100, 160)), 4)),
+        (0, scripted.user_msg(0, list(range(100, 160)), 4)),
         (2, AbortBackendMsg(uid=0)),
-        (3, ch07.user_msg(1, [7, 8, 9], 4)),
+        (3, scripted.user_msg(1, [7, 8, 9], 4)),
     ]
-    sched = Recorder(ch07.make_config("tiny-qwen3", max_extend_tokens=8), arrivals)
+    sched = Recorder(scripted.make_config("tiny-qwen3", max_extend_tokens=8), arrivals)
     outputs = sched.run()
     sched.cache_manager.check_integrity()
     assert 0 not in outputs and len(outputs[1]) == 4

@@ -13,6 +13,7 @@ from typing import Dict, List, Set
 import pytest
 import torch
 
+from examples.helpers import scripted
 from minisgl.core import Req, SamplingParams
 from minisgl.env import ENV
 from minisgl.llm import LLM
@@ -21,8 +22,6 @@ from minisgl.scheduler.prefill import ChunkedReq
 from tests.support import load_example, requires_model
 from tools.models import ensure_model
 from tools.parity import build_prompts
-
-ch07 = load_example("examples/ch07_scheduler.py")
 
 
 # ----------------------------------------------------------------------------- upstream's logic
@@ -263,17 +262,19 @@ def test_fix3_upstream_hands_out_a_slot_in_flight() -> None:
         run_streams(UpstreamLLM, eos=eos, max_running_req=2)
 
 
-def abort_during_prefill(cls) -> "ch07.ScriptedScheduler":
+def abort_during_prefill(cls) -> "scripted.ScriptedScheduler":
     """r0's only prefill chunk is launched at step 0; the abort arrives at step 1, while that
     batch is still in flight (processed after step 1's launch)."""
 
-    bases = (cls, ch07.ScriptedScheduler) if cls is not None else (ch07.ScriptedScheduler,)
+    bases = (cls, scripted.ScriptedScheduler) if cls is not None else (scripted.ScriptedScheduler,)
     Driver = type("Driver", bases, {})
 
-    config = ch07.make_config("tiny-qwen2", page_size=4, num_page_override=64, cache_type="radix")
+    config = scripted.make_config(
+        "tiny-qwen2", page_size=4, num_page_override=64, cache_type="radix"
+    )
     arrivals = [
-        (0, ch07.user_msg(0, list(range(100, 130)), 8)),
-        (0, ch07.user_msg(1, [5, 6, 7], 8)),
+        (0, scripted.user_msg(0, list(range(100, 130)), 8)),
+        (0, scripted.user_msg(1, [5, 6, 7], 8)),
         (1, AbortBackendMsg(uid=0)),
     ]
     sched = Driver(config, arrivals)

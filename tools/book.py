@@ -53,6 +53,7 @@ class Manifest:
     upstream: List[str] = field(default_factory=list)
     retire: Dict[str, str] = field(default_factory=dict)
     exercises: List[Exercise] = field(default_factory=list)
+    helpers: List[str] = field(default_factory=list)  # examples/helpers/ modules it introduces
     page: Optional[str] = None
     prints: PrintRules = field(default_factory=PrintRules)  # added to the book's rules
     parity: bool = True
@@ -87,6 +88,7 @@ def load_manifest(path: Path) -> Manifest:
         "prints",
         "parity",
         "timeout",
+        "helpers",
     }
     unknown = set(data) - known
     if unknown:
@@ -107,6 +109,7 @@ def load_manifest(path: Path) -> Manifest:
         upstream=list(data.get("upstream", [])),
         retire=dict(data.get("retire", {})),
         exercises=exercises,
+        helpers=list(data.get("helpers", [])),
         page=data.get("page"),
         prints=_print_rules(path, data.get("prints", {})),
         parity=bool(data.get("parity", True)),
@@ -229,8 +232,10 @@ class Book:
             elif src.exists():
                 _copy(src, out / rel)
         for m in self.chapters:
-            if m.number <= chapter.number and (self.root / m.main).exists():
-                _copy(self.root / m.main, out / m.main)
+            if m.number <= chapter.number:
+                for rel in [m.main, *m.helpers]:
+                    if (self.root / rel).exists():
+                        _copy(self.root / rel, out / rel)
         for rel in self.tests_at(number):
             _copy(self.root / rel, out / rel)
         return out
@@ -329,6 +334,18 @@ class Book:
             problems.append(
                 f"{missing} belongs to the last chapter's tree but is not in {self.package}/"
             )
+        # every helper module belongs to exactly one chapter
+        helpers = [h for m in self.chapters for h in m.helpers]
+        for h in sorted({h for h in helpers if helpers.count(h) > 1}):
+            problems.append(f"{h} is a helper of more than one chapter")
+        for h in helpers:
+            if not (self.root / h).exists():
+                problems.append(f"the helper {h} is missing")
+        helpers_dir = self.root / "examples" / "helpers"
+        for f in sorted(helpers_dir.rglob("*.py")) if helpers_dir.exists() else []:
+            rel = f.relative_to(self.root).as_posix()
+            if rel not in helpers and "__pycache__" not in f.parts:
+                problems.append(f"{rel} is not named by any chapter's manifest (helpers)")
         # every chapter test file on disk belongs to a manifest
         claimed = {t for m in self.chapters for t in m.tests}
         for f in sorted((self.root / "tests").glob("test_ch*.py")):
