@@ -600,3 +600,34 @@ def test_a_tree_built_by_hand_imports_only_its_own_files(tmp_path: Path) -> None
     ).stdout
     assert "missing: No module named 'minisgl.scheduler'" in out, out
     assert f"core from {tree.resolve()}/minisgl/core.py" in out, out
+
+
+def test_an_interrupted_check_stops_everything_it_started(tmp_path: Path) -> None:
+    """SIGTERM (or Ctrl-C) to steps.py while a main hangs: steps.py stops within seconds, and
+    the main and its child, which run in a session of their own, are gone too."""
+    import signal
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    hanging = HANGING_MAIN.replace('sys.argv[0] + ".pid"', repr(str(pid_file)))
+    root = make_book(tmp_path / "book", {"examples/ch00_main.py": hanging})
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve().parents[1] / "tools" / "steps.py"),
+         "--root", str(root), "check", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.2)  # the pid is written
+        child = int(pid_file.read_text())
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "every process the check started is stopped" in out, out
+    deadline = time.monotonic() + 10
+    while not is_gone(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert is_gone(child)

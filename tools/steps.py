@@ -20,6 +20,7 @@ import difflib
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -422,8 +423,12 @@ def cmd_check(
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             # the longest chapters (the last ones) first, so none is left running alone at the end
             futures = {n: pool.submit(check_one, n) for n in sorted(chosen, reverse=True)}
-            for future in as_completed(futures.values()):
-                report(future.result())
+            try:
+                for future in as_completed(futures.values()):
+                    report(future.result())
+            except KeyboardInterrupt:  # before the pool waits for its threads' commands
+                supervise.stop_everything()
+                raise
         rows = [futures[n].result() for n in chosen]
     print()
     print(format_table(rows))
@@ -530,6 +535,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p_prints.add_argument("number", type=int)
     p_prints.add_argument("--write", action="store_true")
     args = parser.parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _interrupted)
     try:
         book = Book(args.root)
         if args.command == "list":
@@ -560,7 +566,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BookError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        supervise.stop_everything()
+        print("\ninterrupted: every process the check started is stopped", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -19,14 +19,30 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 STACKS_ENV = "MINISGL_BOOK_STACKS"  # the folder where each process writes its stacks on SIGUSR1
 SETTLE_S = 3.0  # how long the group may take to wind down after its leader exited
 DUMP_WAIT_S = 2.0  # how long the stacks may take to be written
+
+_RUNNING: Set[int] = set()  # the process groups of the commands running now
+_RUNNING_LOCK = threading.Lock()
+_STOPPING = threading.Event()  # set once the caller was interrupted: start nothing more
+
+
+def stop_everything() -> None:
+    """Kill every command still running, with all it started, and start no other: the caller
+    was interrupted (the groups are sessions of their own, so a Ctrl-C in the terminal does
+    not reach them)."""
+    _STOPPING.set()
+    with _RUNNING_LOCK:
+        groups = list(_RUNNING)
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGKILL)
 
 
 @dataclass
@@ -97,6 +113,8 @@ def _describe(pid: int, args: str, stacks: Path) -> str:
 
 
 def run(cmd: Sequence[str], cwd: Path, env: Dict[str, str], timeout: float) -> Outcome:
+    if _STOPPING.is_set():
+        raise KeyboardInterrupt("interrupted: no new command is started")
     begin = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="minisgl-supervise-") as work:
         stacks = Path(work) / "stacks"
@@ -107,23 +125,41 @@ def run(cmd: Sequence[str], cwd: Path, env: Dict[str, str], timeout: float) -> O
             proc = subprocess.Popen(
                 list(cmd), cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True
             )
-            stuck: List[str] = []
-            left: List[str] = []
+            with _RUNNING_LOCK:
+                _RUNNING.add(proc.pid)
             try:
-                returncode: Optional[int] = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                returncode = None
-                members = group_members(proc.pid)
-                _signal_group(proc.pid, signal.SIGUSR1)
-                time.sleep(DUMP_WAIT_S)
-                stuck = [_describe(pid, args, stacks) for pid, args in sorted(members.items())]
+                returncode, stuck, left = _watch(proc, timeout, stacks)
+            except BaseException:  # Ctrl-C or SIGTERM while it ran: nothing may outlive us
                 _signal_group(proc.pid, signal.SIGKILL)
-                proc.wait()
-            remaining = _settle(proc.pid, SETTLE_S if returncode is not None else 1.0)
-            if remaining:
-                if returncode is not None:
-                    left = [f"  pid {pid}: {args[:160]}" for pid, args in sorted(remaining.items())]
-                _signal_group(proc.pid, signal.SIGKILL)
+                raise
+            finally:
+                with _RUNNING_LOCK:
+                    _RUNNING.discard(proc.pid)
         stdout = out_path.read_text(errors="replace")
         stderr = err_path.read_text(errors="replace")
     return Outcome(returncode, stdout, stderr, time.perf_counter() - begin, stuck, left)
+
+
+def _watch(
+    proc: subprocess.Popen, timeout: float, stacks: Path
+) -> Tuple[Optional[int], List[str], List[str]]:
+    """Wait for the command; (its exit code or None if it ran too long, who was stuck and
+    where, who was left behind). Its group is empty afterwards."""
+    stuck: List[str] = []
+    left: List[str] = []
+    try:
+        returncode: Optional[int] = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        returncode = None
+        members = group_members(proc.pid)
+        _signal_group(proc.pid, signal.SIGUSR1)
+        time.sleep(DUMP_WAIT_S)
+        stuck = [_describe(pid, args, stacks) for pid, args in sorted(members.items())]
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+    remaining = _settle(proc.pid, SETTLE_S if returncode is not None else 1.0)
+    if remaining:
+        if returncode is not None:
+            left = [f"  pid {pid}: {args[:160]}" for pid, args in sorted(remaining.items())]
+        _signal_group(proc.pid, signal.SIGKILL)
+    return returncode, stuck, left
