@@ -9,11 +9,13 @@ is back. Then the same workload runs with pages of 1, 4 and 16 tokens.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("LOG_LEVEL", "WARNING")
 from examples.helpers.scripted import ScriptedScheduler, make_config, user_msg  # noqa: E402
 from tools.models import DEMO_MODEL  # noqa: E402
 from tools.parity import load_tokenizer, run_parity  # noqa: E402

@@ -8,11 +8,13 @@ work does not.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("LOG_LEVEL", "WARNING")
 from examples.helpers.scripted import ScriptedScheduler, make_config, user_msg  # noqa: E402
 from minisgl.kvcache.radix_cache import RadixPrefixCache, RadixTreeNode  # noqa: E402
 from tools.models import DEMO_MODEL  # noqa: E402

@@ -115,10 +115,10 @@ def compare(shown: str, fresh: str, rules: PrintRules) -> List[str]:
     """Why the page's block `shown` does not stand for the fresh output (empty: it does)."""
     shown_skeleton, shown_numbers = skeleton(shown, rules)
     fresh_skeleton, fresh_numbers = skeleton(fresh, rules)
-    if shown_skeleton != fresh_skeleton:
+    if shown_skeleton != fresh_skeleton:  # show the texts themselves, not the skeletons
         diff = difflib.unified_diff(
-            shown_skeleton.splitlines(),
-            fresh_skeleton.splitlines(),
+            normalise(shown).splitlines(),
+            normalise(fresh).splitlines(),
             "in the page",
             "the main now",
             lineterm="",
