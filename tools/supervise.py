@@ -77,7 +77,10 @@ class Outcome:
 def group_members(pgid: int) -> Dict[int, str]:
     """pid -> command line of every live process in the process group `pgid`."""
     listing = subprocess.run(
-        ["ps", "-A", "-o", "pid=,pgid=,stat=,args="], capture_output=True, text=True, check=False
+        ["ps", "-A", "-ww", "-o", "pid=,pgid=,stat=,args="],
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout
     members = {}
     for line in listing.splitlines():
