@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, List, Literal
@@ -15,18 +17,51 @@ if TYPE_CHECKING:
 
 @dataclass
 class SamplingParams:
-    """How one request picks its tokens. The defaults are greedy decoding."""
+    """How one request picks its tokens. The defaults are greedy decoding.
 
-    temperature: float = 0.0
+    A value outside its range raises ValueError when the object is made, naming the field
+    and what it may be: a request that cannot be served is refused before it holds anything.
+    """
+
+    temperature: float = 0.0  # 0: greedy
     top_k: int = -1  # -1: no top-k filter
-    top_p: float = 1.0
+    top_p: float = 1.0  # 1: no nucleus filter
     ignore_eos: bool = False
-    max_tokens: int = 1024
+    max_tokens: int = 1024  # 0: no new token
+
+    def __post_init__(self) -> None:
+        problems = []
+        if (
+            not _is_number(self.temperature)
+            or not math.isfinite(self.temperature)
+            or self.temperature < 0
+        ):
+            problems.append(
+                f"temperature must be a finite number >= 0 (0 is greedy), not {self.temperature!r}"
+            )
+        if not _is_int(self.top_k) or not (self.top_k == -1 or self.top_k >= 1):
+            problems.append(f"top_k must be -1 (no filter) or an integer >= 1, not {self.top_k!r}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1] (1 is no filter), not {self.top_p!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 0:
+            problems.append(f"max_tokens must be an integer >= 0, not {self.max_tokens!r}")
+        if not isinstance(self.ignore_eos, bool):
+            problems.append(f"ignore_eos must be true or false, not {self.ignore_eos!r}")
+        if problems:
+            raise ValueError("; ".join(problems))
 
     @property
     def is_greedy(self) -> bool:
         # top_k == 1 is greedy whatever the temperature; a top-p filter is never a no-op
         return (self.temperature <= 0.0 or self.top_k == 1) and self.top_p == 1.0
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclass(eq=False)

@@ -58,6 +58,38 @@ def test_sampling_params_greedy(params: SamplingParams, greedy: bool) -> None:
     assert params.is_greedy is greedy
 
 
+@pytest.mark.parametrize(
+    "field, value, allowed",
+    [
+        ("max_tokens", -1, "max_tokens must be an integer >= 0"),
+        ("max_tokens", 2.5, "max_tokens must be an integer >= 0"),
+        ("temperature", float("nan"), "temperature must be a finite number >= 0"),
+        ("temperature", float("inf"), "temperature must be a finite number >= 0"),
+        ("temperature", -1.0, "temperature must be a finite number >= 0"),
+        ("top_p", 0.0, r"top_p must be in \(0, 1\]"),
+        ("top_p", -0.5, r"top_p must be in \(0, 1\]"),
+        ("top_p", 1.5, r"top_p must be in \(0, 1\]"),
+        ("top_k", 0, "top_k must be -1 .no filter. or an integer >= 1"),
+        ("top_k", -5, "top_k must be -1 .no filter. or an integer >= 1"),
+        ("ignore_eos", "yes", "ignore_eos must be true or false"),
+    ],
+)
+def test_sampling_params_out_of_range_are_refused_naming_the_field(
+    field: str, value: object, allowed: str
+) -> None:
+    with pytest.raises(ValueError, match=allowed):
+        SamplingParams(**{field: value})
+
+
+def test_sampling_params_at_the_edges_of_their_ranges_are_accepted() -> None:
+    for params in (
+        SamplingParams(max_tokens=0),  # no new token
+        SamplingParams(temperature=0, top_k=-1, top_p=1),
+        SamplingParams(temperature=2.0, top_k=1, top_p=1e-6),
+    ):
+        assert params.max_tokens >= 0
+
+
 def test_req_lengths_walk_through_prefill_and_decode() -> None:
     req = make_req(prompt_len=5, output_len=3)
     assert (req.cached_len, req.device_len, req.max_device_len) == (0, 5, 8)

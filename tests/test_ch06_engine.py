@@ -59,6 +59,34 @@ def test_engine_sizes_the_pool_from_free_memory(model_path) -> None:
         engine.shutdown()
 
 
+def test_on_the_cpu_the_default_pool_holds_what_the_request_slots_need(model_path) -> None:
+    """A CPU's RAM is shared with everything else: by default the pool takes what 6 requests
+    of 512 tokens need (plus a page), not memory_ratio of the free RAM (for this 3-layer model
+    that would be tens of millions of tokens)."""
+    engine = Engine(
+        config_for(model_path("tiny-qwen3"), max_running_req=6, max_seq_len_override=512)
+    )
+    try:
+        assert 6 * 512 <= engine.num_pages * 4 <= 6 * 512 + 8
+    finally:
+        engine.shutdown()
+
+
+def test_on_the_cpu_the_default_pool_takes_at_most_a_share_of_the_ram(
+    model_path, monkeypatch
+) -> None:
+    from minisgl.engine import engine as engine_module
+    from minisgl.utils.device import total_memory
+
+    monkeypatch.setattr(engine_module, "CPU_MEMORY_SHARE", 0.0005)  # a few MiB, for the test
+    engine = Engine(config_for(model_path("tiny-qwen3"), max_running_req=64))
+    try:
+        per_page = 2 * 2 * 128 * 4 * 4 * 3  # K+V x kv heads x head_dim x page x bytes x layers
+        assert 1 < engine.num_pages * per_page <= 0.0005 * total_memory(torch.device("cpu"))
+    finally:
+        engine.shutdown()
+
+
 def test_two_engines_one_after_the_other(model_path) -> None:
     prompts = [[5, 6, 7], [100, 200, 300, 400, 500]]
     first = ch06.generate("tiny-qwen3", prompts, 6)

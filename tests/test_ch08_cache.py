@@ -221,3 +221,40 @@ def test_idle_scheduler_checks_integrity() -> None:
             sched.run()  # idle between the two arrivals: the check runs and finds the leak
     finally:
         sched.shutdown()
+
+
+def test_a_token_outside_the_vocabulary_is_refused_and_max_tokens_0_generates_nothing() -> None:
+    """Requests the engine cannot serve are refused at arrival with the reason, holding
+    nothing: the integrity check passes, every slot is free, and the valid requests around
+    them get their tokens. max_tokens=0 finishes at once with no token."""
+    replies = []
+
+    class Recorder(scripted.ScriptedScheduler):
+        def offline_send_result(self, reply):
+            replies.extend(reply)
+            super().offline_send_result(reply)
+
+    vocab = 49152
+    arrivals = [
+        (0, scripted.user_msg(0, [5, vocab, 7], 4)),  # one past the last id
+        (0, scripted.user_msg(1, [5, 6, 7], 4)),
+        (1, scripted.user_msg(2, [-1, 6], 4)),
+        (1, scripted.user_msg(3, [8, 9], 0)),
+        (2, scripted.user_msg(4, [5, 6, 7], 4)),
+    ]
+    sched = Recorder(
+        scripted.make_config("tiny-qwen2", cache_type="naive", page_size=4, num_page_override=16),
+        arrivals,
+    )
+    sched.run()
+    sched.cache_manager.check_integrity()
+    assert sched.table_manager.available_size == 16
+    sched.shutdown()
+    by_uid = {uid: [r for r in replies if r.uid == uid] for uid in range(5)}
+    for uid, bad in ((0, vocab), (2, -1)):
+        (refusal,) = by_uid[uid]
+        assert refusal.finished and refusal.next_token == -1
+        assert f"token id {bad} at position" in refusal.error and "ids 0 to 49151" in refusal.error
+    (nothing,) = by_uid[3]
+    assert nothing.finished and nothing.next_token == -1 and nothing.error is None
+    assert len(sched.outputs[1]) == 4 and sched.outputs[4] == sched.outputs[1]

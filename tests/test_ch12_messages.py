@@ -335,3 +335,39 @@ def test_waiting_for_subscribers_times_out_with_a_reason(folder: str, keep: Call
     keep(ZmqSubQueue(addr, create=False, decoder=BaseBackendMsg.decoder))
     with pytest.raises(TimeoutError, match=r"1 of 2 subscribers joined .*lonely within 0.5 s"):
         publisher.wait_for_subscribers(timeout=0.5)
+
+
+def test_put_with_no_subscriber_fails_within_its_timeout(folder: str, keep: Callable) -> None:
+    publisher = keep(ZmqPubQueue(f"{folder}/nobody", True, BaseBackendMsg.encoder, 1, timeout=0.5))
+    begin = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"0 of 1 subscribers joined .*nobody within 0.5 s"):
+        publisher.put(AbortBackendMsg(1))
+    assert time.monotonic() - begin < 5
+
+
+def test_a_subscriber_that_left_and_came_back_gets_the_next_message(
+    folder: str, keep: Callable
+) -> None:
+    """Once the publisher has seen a subscriber leave, it sends nothing until one is back: the
+    message sent right after the new connect() arrives every time. (Upstream's publisher, and
+    ours before it read departures, counted the old subscription: most such messages were
+    lost.)"""
+    addr = f"{folder}/comeback"
+    publisher = keep(ZmqPubQueue(addr, True, BaseBackendMsg.encoder, 1, timeout=10))
+    subscriber = ZmqSubQueue(addr, create=False, decoder=BaseBackendMsg.decoder)
+    publisher.put(AbortBackendMsg(-1))
+    assert subscriber.get(timeout=5) == AbortBackendMsg(-1)
+    for trial in range(5):
+        subscriber.stop()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # until the publisher has seen it leave
+            try:
+                publisher.wait_for_subscribers(timeout=0.05)
+            except TimeoutError:
+                break
+            time.sleep(0.01)
+        assert publisher.subscribed == 0
+        subscriber = ZmqSubQueue(addr, create=False, decoder=BaseBackendMsg.decoder)
+        publisher.put(AbortBackendMsg(trial))
+        assert subscriber.get(timeout=5) == AbortBackendMsg(trial), f"trial {trial}"
+    subscriber.stop()

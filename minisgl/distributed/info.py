@@ -23,7 +23,10 @@ _TP_INFO: DistributedInfo | None = None
 def set_tp_info(rank: int, size: int) -> None:
     global _TP_INFO
     if _TP_INFO is not None:
-        raise RuntimeError(f"the TP info is already set ({_TP_INFO})")
+        raise RuntimeError(
+            f"the TP info is already set ({_TP_INFO}): an engine made earlier in this process "
+            "is still alive; call its shutdown() first (or make it with `with LLM(...) as llm:`)"
+        )
     _TP_INFO = DistributedInfo(rank, size)
 
 

@@ -4,7 +4,7 @@ scheduler's job (chapter 07)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple
+from typing import Any, Dict, NamedTuple, Tuple
 
 import torch
 
@@ -120,16 +120,19 @@ class Engine:
             * self.dtype.itemsize
             * model_config.num_layers
         )
-        num_pages = config.num_page_override
+        num_pages, why = config.num_page_override, "num_page_override"
         if num_pages is None:
             free_after_model = self._free_memory()
             model_memory = max(free_before_model - free_after_model, 0)
             available = int(config.memory_ratio * free_before_model) - model_memory
+            why = f"memory_ratio={config.memory_ratio} of the free memory, less the model"
+            if not dev.is_cuda(self.device):
+                available, why = _cpu_pool_bytes(available, why, config, cache_per_page)
             num_pages = available // cache_per_page
         assert num_pages > 1, "not enough memory for the KV cache: lower num_page_override"
         logger.info_rank0(
             f"KV cache: {num_pages * config.page_size} tokens in {num_pages} pages of "
-            f"{config.page_size}, K + V = {mem_GB(num_pages * cache_per_page)}"
+            f"{config.page_size}, K + V = {mem_GB(num_pages * cache_per_page)} ({why})"
         )
         return num_pages
 
@@ -150,6 +153,29 @@ class Engine:
         dev.synchronize(self.device)
         clear_global_ctx()
         reset_tp_info()
+
+
+CPU_MEMORY_SHARE = 0.25  # the most of a CPU machine's RAM that the KV pool takes by default
+
+
+def _cpu_pool_bytes(
+    available: int, why: str, config: EngineConfig, cache_per_page: int
+) -> Tuple[int, str]:
+    """On a CPU, the KV pool's default size leaves the machine usable: the smallest of what
+    memory_ratio allows, CPU_MEMORY_SHARE of the RAM, and what every request slot needs at
+    the longest sequence (a GPU's memory is the engine's alone; a laptop's RAM is not)."""
+    per_token = cache_per_page // config.page_size
+    share = int(CPU_MEMORY_SHARE * dev.total_memory(torch.device("cpu")))
+    needed = config.max_running_req * config.max_seq_len * per_token + cache_per_page
+    choices = [
+        (available, why),
+        (
+            share,
+            f"{CPU_MEMORY_SHARE:.0%} of this machine's {mem_GB(share / CPU_MEMORY_SHARE)} of RAM",
+        ),
+        (needed, f"{config.max_running_req} requests of {config.max_seq_len} tokens"),
+    ]
+    return min(choices)
 
 
 def _align_up_32(num: int) -> int:

@@ -24,9 +24,13 @@ class RequestStatus:
     input_ids: List[int]
     output_ids: List[int] = field(default_factory=list)
     finished: bool = False
+    error: str | None = None  # why the engine could not finish it
 
 
 class LLM(Scheduler):
+    """The engine in this process. It holds the process's global engine state until
+    `shutdown()`: use it as `with LLM(...) as llm:`, or call shutdown() before making another."""
+
     def __init__(self, model_path: str, dtype: torch.dtype = torch.bfloat16, **kwargs) -> None:
         config = SchedulerConfig(
             model_path=model_path,
@@ -39,6 +43,12 @@ class LLM(Scheduler):
         self.pending_requests: List[Tuple[List[int] | str, SamplingParams]] = []
         self.status_map: Dict[int, RequestStatus] = {}
         self.counter = 0
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def _tokenize_one(self, prompt: List[int] | str) -> torch.Tensor:
         if isinstance(prompt, str):
@@ -68,30 +78,34 @@ class LLM(Scheduler):
         for msg in reply:
             status = self.status_map[msg.uid]
             assert not status.finished, f"request {msg.uid} got a token after it finished"
-            if msg.error is not None:
-                raise ValueError(f"request {msg.uid} was refused: {msg.error}")
-            if not (msg.finished and msg.next_token == self.eos_token_id):
-                status.output_ids.append(msg.next_token)  # the EOS token itself is not output
+            status.error = msg.error
+            # a reply of -1 carries no token (a refusal, max_tokens=0); the EOS is not output
+            if msg.next_token >= 0 and not (msg.finished and msg.next_token == self.eos_token_id):
+                status.output_ids.append(msg.next_token)
             status.finished = msg.finished
 
     def generate(
         self,
         prompts: List[str] | List[List[int]],
         sampling_params: List[SamplingParams] | SamplingParams,
-    ) -> List[Dict[str, str | List[int]]]:
-        """One result per prompt, in order: {"text": ..., "token_ids": [...]}."""
+    ) -> List[Dict[str, str | List[int] | None]]:
+        """One result per prompt, in order: {"text": ..., "token_ids": [...], "error": None}.
+
+        A prompt this engine cannot serve raises ValueError before anything runs, naming
+        every such prompt and why. A request that the engine fails on while running (see
+        SchedulerGuardMixin) comes back with its error in "error" and what it had generated."""
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} sampling params")
-        for i, prompt in enumerate(prompts):
-            length = len(self._tokenize_one(prompt))
-            if not 0 < length < self.engine.max_seq_len:
-                raise ValueError(
-                    f"prompt {i} has {length} tokens; this engine takes 1 to "
-                    f"{self.engine.max_seq_len - 1} (its longest sequence is "
-                    f"{self.engine.max_seq_len} tokens)"
-                )
+        refusals = []
+        for i, (prompt, params) in enumerate(zip(prompts, sampling_params)):
+            if not isinstance(params, SamplingParams):
+                refusals.append(f"prompt {i}: its sampling params are a {type(params).__name__}")
+            elif (reason := self.check_request(self._tokenize_one(prompt))) is not None:
+                refusals.append(f"prompt {i}: {reason}")
+        if refusals:
+            raise ValueError("; ".join(refusals))
         self.pending_requests = list(zip(prompts, sampling_params))
         self.status_map = {}
         self.counter = 0
@@ -99,10 +113,10 @@ class LLM(Scheduler):
             self.run_forever()
         except RequestAllFinished:
             pass
-        results: List[Dict[str, str | List[int]]] = []
+        results: List[Dict[str, str | List[int] | None]] = []
         for uid in range(len(prompts)):
             status = self.status_map[uid]
             assert status.finished, f"request {uid} did not finish"
             text = self.tokenizer.decode(status.output_ids)
-            results.append({"text": text, "token_ids": status.output_ids})
+            results.append({"text": text, "token_ids": status.output_ids, "error": status.error})
         return results

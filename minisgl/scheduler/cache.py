@@ -93,6 +93,15 @@ class CacheManager:
             req.cache_handle = new_handle
             self.lock(new_handle)
 
+    def free_uncomputed(self, req: Req) -> None:
+        """Give back the pages allocated for a forward pass that did not complete: those of
+        positions cached_len .. device_len-1 that allocate_paged added."""
+        first_page = div_ceil(req.cached_len, self.page_size)
+        last_page = div_ceil(req.device_len, self.page_size)
+        if last_page > first_page:
+            row = self.page_table[req.table_idx]
+            self._free(row[first_page * self.page_size : last_page * self.page_size])
+
     def check_integrity(self) -> None:
         self.prefix_cache.check_integrity()
         cache_pages = self.prefix_cache.size_info.total_size // self.page_size

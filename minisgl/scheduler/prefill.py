@@ -152,6 +152,11 @@ class PrefillManager:
         self.pending_list = chunked_list + self.pending_list[len(reqs) :]
         return Batch(reqs=reqs, phase="prefill")
 
+    def forget(self, uid: int) -> None:
+        """Drop request `uid` from the waiting list, if it is there (its resources are the
+        caller's business)."""
+        self.pending_list = [req for req in self.pending_list if req.uid != uid]
+
     def abort_req(self, uid: int) -> Req | None:
         """Drop a waiting request. A partly prefilled one is returned: its slot and pages must
         be freed; a request that never started holds nothing."""

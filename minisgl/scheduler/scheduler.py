@@ -43,6 +43,7 @@ from minisgl.utils import init_logger, load_tokenizer
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .guard import SchedulerGuardMixin
 from .prefill import ChunkedReq, PrefillManager
 from .table import TableManager
 
@@ -64,7 +65,7 @@ class ForwardInput(NamedTuple):
 ForwardData: TypeAlias = "Tuple[ForwardInput, ForwardOutput]"
 
 
-class Scheduler:
+class Scheduler(SchedulerGuardMixin):
     def __init__(self, config: SchedulerConfig) -> None:
         from minisgl.engine import Engine
 
@@ -83,6 +84,7 @@ class Scheduler:
         )
         self.tokenizer = load_tokenizer(config.model_path)
         self.eos_token_id = self.tokenizer.eos_token_id
+        self.vocab_size = config.model_config.vocab_size
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
         self._chunk_in_last_batch = False
@@ -123,7 +125,9 @@ class Scheduler:
             with dev.use_stream(self.engine.stream):
                 # the batch's inputs were prepared on the scheduler's stream
                 self.engine.stream.wait_stream(self.stream)
-                ongoing_data = (forward_input, self._forward(forward_input))
+                ongoing_data = self._forward_or_fail(forward_input)
+        elif last_data is None:
+            self._refuse_what_cannot_start()
         self._in_flight = set(ongoing_data[0].batch.reqs) if ongoing_data else set()
         self._process_last_data(last_data)
         return ongoing_data
@@ -136,7 +140,9 @@ class Scheduler:
         forward_input = self._schedule_next_batch()
         ongoing_data = None
         if forward_input is not None:
-            ongoing_data = (forward_input, self._forward(forward_input))
+            ongoing_data = self._forward_or_fail(forward_input)
+        else:
+            self._refuse_what_cannot_start()
         self._in_flight = set()
         self._process_last_data(ongoing_data)
 
@@ -209,19 +215,19 @@ class Scheduler:
         elif isinstance(msg, ExitMsg):
             raise KeyboardInterrupt
         elif isinstance(msg, UserMsg):
-            input_len, max_seq_len = len(msg.input_ids), self.engine.max_seq_len
-            if input_len == 0 or input_len >= max_seq_len:
-                reason = (
-                    f"the prompt has {input_len} tokens; this engine takes 1 to "
-                    f"{max_seq_len - 1} (its longest sequence is {max_seq_len} tokens)"
-                )
+            reason = self.check_request(msg.input_ids)
+            if reason is not None:
                 logger.warning_rank0(f"request {msg.uid} refused: {reason}")
                 self.send_result([DetokenizeMsg(msg.uid, -1, finished=True, error=reason)])
                 return
-            if msg.sampling_params.max_tokens > max_seq_len - input_len:
+            if msg.sampling_params.max_tokens == 0:  # nothing to generate: done at once
+                self.send_result([DetokenizeMsg(msg.uid, -1, finished=True)])
+                return
+            max_seq_len = self.engine.max_seq_len
+            if msg.sampling_params.max_tokens > max_seq_len - len(msg.input_ids):
                 # the sequence must fit the engine: the output is capped, not refused (on a
                 # copy: one SamplingParams object may be shared by many requests)
-                capped = replace(msg.sampling_params, max_tokens=max_seq_len - input_len)
+                capped = replace(msg.sampling_params, max_tokens=max_seq_len - len(msg.input_ids))
                 msg = replace(msg, sampling_params=capped)
             self.prefill_manager.add_one_req(msg)
         elif isinstance(msg, AbortBackendMsg):
@@ -230,6 +236,24 @@ class Scheduler:
                 self._finish_req(req)  # maybe deferred: its last batch may be in flight
         else:
             raise TypeError(f"unknown message type {type(msg).__name__}")
+
+    def check_request(self, input_ids: torch.Tensor) -> str | None:
+        """Why this engine cannot serve a prompt, or None. (Sampling parameters out of range
+        were refused when the SamplingParams was made.)"""
+        input_len, max_seq_len = len(input_ids), self.engine.max_seq_len
+        if input_len == 0 or input_len >= max_seq_len:
+            return (
+                f"the prompt has {input_len} tokens; this engine takes 1 to "
+                f"{max_seq_len - 1} (its longest sequence is {max_seq_len} tokens)"
+            )
+        outside = ((input_ids < 0) | (input_ids >= self.vocab_size)).nonzero()
+        if len(outside) > 0:
+            at = int(outside[0])
+            return (
+                f"token id {int(input_ids[at])} at position {at} is outside the vocabulary "
+                f"(ids 0 to {self.vocab_size - 1})"
+            )
+        return None
 
     def _free_req_resources(self, req: Req) -> None:
         self.table_manager.free(req.table_idx)

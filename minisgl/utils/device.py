@@ -122,6 +122,13 @@ def empty_cache(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def total_memory(device: torch.device) -> int:
+    """Bytes of memory `device` has in all (for the CPU: the machine's RAM)."""
+    if is_cuda(device):
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
 def free_memory(device: torch.device) -> int:
     """Bytes that can still be allocated on `device` (for the CPU: the kernel's MemAvailable)."""
     if is_cuda(device):

@@ -142,9 +142,14 @@ class ZmqPubQueue(_ZmqQueue, Generic[T]):
     """One sender, `num_subscribers` receivers that each get every message.
 
     The socket is an XPUB: a PUB that also hands us each subscription as a one-frame message
-    (b"\\x01" + topic; b"\\x00" + topic when one leaves). `wait_for_subscribers` reads them
-    until all expected subscribers are in; `put` calls it first, so no message is ever sent
-    into a socket that would drop it for want of a subscriber.
+    (b"\\x01" + topic; b"\\x00" + topic when one leaves). Before every send, `put` reads the
+    subscriptions and departures reported so far and, while fewer than `num_subscribers` are
+    in, waits for them (a TimeoutError after `timeout` seconds names how many came). So a
+    message reaches every subscriber whose subscription has reached the publisher, and after
+    a subscriber has left, nothing is sent until it (or another) is back.
+
+    What no publisher can see: a subscriber that has closed its socket but whose departure
+    has not been reported yet still counts, and a message sent in that instant is lost for it.
     """
 
     def __init__(
@@ -153,6 +158,7 @@ class ZmqPubQueue(_ZmqQueue, Generic[T]):
         create: bool,
         encoder: Callable[[T], Dict],
         num_subscribers: int = 0,
+        timeout: float = 60.0,
     ) -> None:
         self.context = zmq.Context()
         # XPUB_VERBOSER: report every subscription and every departure, not only the first
@@ -161,19 +167,28 @@ class ZmqPubQueue(_ZmqQueue, Generic[T]):
         self.addr = addr
         self.encoder = encoder
         self.num_subscribers = num_subscribers
+        self.timeout = timeout
         self.subscribed = 0
 
     def wait_for_subscribers(self, timeout: float | None = None) -> None:
-        """Block until `num_subscribers` subscriptions have arrived (TimeoutError if not)."""
-        while self.subscribed < self.num_subscribers:
-            try:
-                event = _receive(self.socket, self.addr, timeout)
-            except TimeoutError:
+        """Take in every (un)subscription reported so far; then, while fewer than
+        `num_subscribers` are in, wait for more (TimeoutError after `timeout` seconds, by
+        default the queue's own)."""
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            while self.socket.poll(timeout=0):
+                event = self.socket.recv()
+                self.subscribed += 1 if event[:1] == b"\x01" else -1
+            if self.subscribed >= self.num_subscribers:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise TimeoutError(
                     f"{self.subscribed} of {self.num_subscribers} subscribers joined "
                     f"{self.addr} within {timeout} s"
-                ) from None
-            self.subscribed += 1 if event[:1] == b"\x01" else -1
+                )
+            self.socket.poll(timeout=min(WAIT_SLICE_MS, max(1, int(1000 * left))))
 
     def put_raw(self, raw: bytes) -> None:
         self.wait_for_subscribers()

@@ -72,6 +72,7 @@ class Scheduler:
         )
         self.tokenizer = load_tokenizer(config.model_path)
         self.eos_token_id = self.tokenizer.eos_token_id
+        self.vocab_size = config.model_config.vocab_size
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
         self._chunk_in_last_batch = False
@@ -142,19 +143,19 @@ class Scheduler:
         elif isinstance(msg, ExitMsg):
             raise KeyboardInterrupt
         elif isinstance(msg, UserMsg):
-            input_len, max_seq_len = len(msg.input_ids), self.engine.max_seq_len
-            if input_len == 0 or input_len >= max_seq_len:
-                reason = (
-                    f"the prompt has {input_len} tokens; this engine takes 1 to "
-                    f"{max_seq_len - 1} (its longest sequence is {max_seq_len} tokens)"
-                )
+            reason = self.check_request(msg.input_ids)
+            if reason is not None:
                 logger.warning_rank0(f"request {msg.uid} refused: {reason}")
                 self.send_result([DetokenizeMsg(msg.uid, -1, finished=True, error=reason)])
                 return
-            if msg.sampling_params.max_tokens > max_seq_len - input_len:
+            if msg.sampling_params.max_tokens == 0:  # nothing to generate: done at once
+                self.send_result([DetokenizeMsg(msg.uid, -1, finished=True)])
+                return
+            max_seq_len = self.engine.max_seq_len
+            if msg.sampling_params.max_tokens > max_seq_len - len(msg.input_ids):
                 # the sequence must fit the engine: the output is capped, not refused (on a
                 # copy: one SamplingParams object may be shared by many requests)
-                capped = replace(msg.sampling_params, max_tokens=max_seq_len - input_len)
+                capped = replace(msg.sampling_params, max_tokens=max_seq_len - len(msg.input_ids))
                 msg = replace(msg, sampling_params=capped)
             self.prefill_manager.add_one_req(msg)
         elif isinstance(msg, AbortBackendMsg):
@@ -163,6 +164,24 @@ class Scheduler:
                 self._free_req_resources(req)
         else:
             raise TypeError(f"unknown message type {type(msg).__name__}")
+
+    def check_request(self, input_ids: torch.Tensor) -> str | None:
+        """Why this engine cannot serve a prompt, or None. (Sampling parameters out of range
+        were refused when the SamplingParams was made.)"""
+        input_len, max_seq_len = len(input_ids), self.engine.max_seq_len
+        if input_len == 0 or input_len >= max_seq_len:
+            return (
+                f"the prompt has {input_len} tokens; this engine takes 1 to "
+                f"{max_seq_len - 1} (its longest sequence is {max_seq_len} tokens)"
+            )
+        outside = ((input_ids < 0) | (input_ids >= self.vocab_size)).nonzero()
+        if len(outside) > 0:
+            at = int(outside[0])
+            return (
+                f"token id {int(input_ids[at])} at position {at} is outside the vocabulary "
+                f"(ids 0 to {self.vocab_size - 1})"
+            )
+        return None
 
     def _free_req_resources(self, req: Req) -> None:
         self.table_manager.free(req.table_idx)
