@@ -23,8 +23,11 @@ processes actually loaded must be among the dependencies computed here.
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Set
+
+from tools.book import Book, Manifest
 
 
 def module_name(rel: str) -> Optional[str]:
@@ -177,3 +180,45 @@ def _is_import_module(node: ast.Call) -> bool:
     return (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
         isinstance(func, ast.Name) and func.id == "import_module"
     )
+
+
+@dataclass
+class Selection:
+    """Which test files a chapter runs: its own, and the carried-forward ones whose package
+    dependencies (tools/deps.py) the chapter changed since `since`, the previous chapter of
+    the same check; all of them when `since` is None."""
+
+    run: List[str]
+    unchanged: List[str]
+    predicted: Set[str]  # every package file the files in `run` depend on
+
+    def unpredicted(self, loaded: Path) -> List[str]:
+        """A package file that the tests' processes loaded but that no selected test file
+        depends on, by tools/deps.py's reading, means that reading missed an import."""
+        seen: Set[str] = set()
+        for record in loaded.glob("*.txt"):
+            seen.update(line for line in record.read_text().splitlines() if line)
+        missed = sorted(seen - self.predicted)
+        if not missed:
+            return []
+        return [
+            f"the tests loaded {', '.join(missed)}, which tools/deps.py did not count among "
+            f"their dependencies: it would skip them wrongly when only those files change"
+        ]
+
+
+def select_tests(
+    book: Book, chapter: Manifest, tree: Path, tests: List[str], since: Optional[int]
+) -> Selection:
+    graph = ImportGraph(tree, book.package)
+    shared = ["tests/conftest.py", *(f for f in graph.files if f.startswith("tests/support/"))]
+    changed = set(book.changed_files(since, chapter.number)) if since is not None else None
+    run, unchanged, predicted = [], [], set()
+    for test in tests:
+        deps = graph.package_dependencies([test, *shared])
+        if changed is None or test in chapter.tests or deps & changed:
+            run.append(test)
+            predicted |= deps
+        else:
+            unchanged.append(test)
+    return Selection(run, unchanged, predicted)

@@ -28,7 +28,7 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, List, Optional, Set
+from typing import Iterable, List, Optional
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script: `python tools/steps.py`
@@ -36,7 +36,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script: `python tools/steps.py`
 
 from tools import supervise  # noqa: E402
 from tools.book import Book, BookError, Manifest  # noqa: E402
-from tools.deps import ImportGraph  # noqa: E402
+from tools.deps import select_tests  # noqa: E402
 from tools.isolation import isolated_env  # noqa: E402
 from tools.new_chapter import open_chapter  # noqa: E402
 from tools.prints import PRINTS_RE, compare, normalise  # noqa: E402
@@ -178,48 +178,6 @@ def junit_counts(path: Path) -> TestCounts:
 
 def _tail(text: str, lines: int) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
-
-
-@dataclass
-class Selection:
-    """Which test files a chapter runs: its own, and the carried-forward ones whose package
-    dependencies (tools/deps.py) the chapter changed since `since`, the previous chapter of
-    the same check; all of them when `since` is None."""
-
-    run: List[str]
-    unchanged: List[str]
-    predicted: Set[str]  # every package file the files in `run` depend on
-
-    def unpredicted(self, loaded: Path) -> List[str]:
-        """A package file that the tests' processes loaded but that no selected test file
-        depends on, by tools/deps.py's reading, means that reading missed an import."""
-        seen: Set[str] = set()
-        for record in loaded.glob("*.txt"):
-            seen.update(line for line in record.read_text().splitlines() if line)
-        missed = sorted(seen - self.predicted)
-        if not missed:
-            return []
-        return [
-            f"the tests loaded {', '.join(missed)}, which tools/deps.py did not count among "
-            f"their dependencies: it would skip them wrongly when only those files change"
-        ]
-
-
-def select_tests(
-    book: Book, chapter: Manifest, tree: Path, tests: List[str], since: Optional[int]
-) -> Selection:
-    graph = ImportGraph(tree, book.package)
-    shared = ["tests/conftest.py", *(f for f in graph.files if f.startswith("tests/support/"))]
-    changed = set(book.changed_files(since, chapter.number)) if since is not None else None
-    run, unchanged, predicted = [], [], set()
-    for test in tests:
-        deps = graph.package_dependencies([test, *shared])
-        if changed is None or test in chapter.tests or deps & changed:
-            run.append(test)
-            predicted |= deps
-        else:
-            unchanged.append(test)
-    return Selection(run, unchanged, predicted)
 
 
 def run_chapter(
