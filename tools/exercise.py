@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import shutil
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -95,9 +97,14 @@ TESTS_TIMEOUT_S = 600
 
 
 def run_tests(
-    book: Book, number: int, tree: Path, tests: List[str], stop_early: bool = False
+    book: Book,
+    number: int,
+    tree: Path,
+    tests: List[str],
+    stop_early: bool = False,
+    threads: Optional[int] = None,
 ) -> supervise.Outcome:
-    env = isolated_env(book.package, number, tree)
+    env = isolated_env(book.package, number, tree, threads)
     cmd = [
         sys.executable,
         "-m",
@@ -126,38 +133,50 @@ class Verdict:
         return self.blank_fails and self.solution_passes
 
 
-def verify(book: Book, ids: Optional[List[str]] = None) -> List[Verdict]:
+def verify(book: Book, ids: Optional[List[str]] = None, jobs: int = 1) -> List[Verdict]:
     """For each exercise: its tests fail on the blanked tree (with our NotImplementedError)
-    and pass on the chapter's own tree."""
+    and pass on the chapter's own tree. `jobs` chapters are verified side by side, each
+    process with one thread when there are several."""
     chosen = [(c, ex) for c in book.chapters for ex in c.exercises if not ids or ex.id in ids]
     if ids:
         missing = set(ids) - {ex.id for _, ex in chosen}
         if missing:
             raise BookError(f"unknown exercises: {sorted(missing)}")
-    verdicts: List[Verdict] = []
     by_chapter: Dict[int, List[Exercise]] = {}
     for c, ex in chosen:
         by_chapter.setdefault(c.number, []).append(ex)
-    for number, exercises in by_chapter.items():
-        work = Path(tempfile.mkdtemp(prefix=f"minisgl-exercise-ch{number:02d}-"))
-        try:
-            solution = book.build(number, work / "solution")
-            wanted = sorted({t for ex in exercises for t in ex.tests})
-            solved = run_tests(book, number, solution, wanted)
-            for ex in exercises:
-                blank = work / ex.id
-                shutil.copytree(solution, blank)
-                target = blank / ex.file
-                target.write_text(blank_function(target.read_text(), ex.function, ex.id, ex.hint))
-                result = run_tests(book, number, blank, ex.tests, stop_early=True)
-                output = result.stdout + result.stderr
-                blank_fails = result.returncode != 0 and ex.id in output and MARKER in output
-                detail = "" if blank_fails else output[-2000:]
-                if solved.returncode != 0:
-                    detail += (solved.stdout + solved.stderr)[-2000:]
-                verdicts.append(Verdict(ex, number, blank_fails, solved.returncode == 0, detail))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+    threads = 1 if jobs > 1 else None
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [
+            pool.submit(_verify_chapter, book, number, exercises, threads)
+            for number, exercises in by_chapter.items()
+        ]
+        return [verdict for future in futures for verdict in future.result()]
+
+
+def _verify_chapter(
+    book: Book, number: int, exercises: List[Exercise], threads: Optional[int]
+) -> List[Verdict]:
+    verdicts: List[Verdict] = []
+    work = Path(tempfile.mkdtemp(prefix=f"minisgl-exercise-ch{number:02d}-"))
+    try:
+        solution = book.build(number, work / "solution")
+        wanted = sorted({t for ex in exercises for t in ex.tests})
+        solved = run_tests(book, number, solution, wanted, threads=threads)
+        for ex in exercises:
+            blank = work / ex.id
+            shutil.copytree(solution, blank)
+            target = blank / ex.file
+            target.write_text(blank_function(target.read_text(), ex.function, ex.id, ex.hint))
+            result = run_tests(book, number, blank, ex.tests, stop_early=True, threads=threads)
+            output = result.stdout + result.stderr
+            blank_fails = result.returncode != 0 and ex.id in output and MARKER in output
+            detail = "" if blank_fails else output[-2000:]
+            if solved.returncode != 0:
+                detail += (solved.stdout + solved.stderr)[-2000:]
+            verdicts.append(Verdict(ex, number, blank_fails, solved.returncode == 0, detail))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return verdicts
 
 
@@ -174,6 +193,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p_check.add_argument("--dir", type=Path)
     p_verify = sub.add_parser("verify")
     p_verify.add_argument("ids", nargs="*")
+    p_verify.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="chapters verified side by side (default: 2, or 1 on one core)",
+    )
     args = parser.parse_args(argv)
     try:
         book = Book(args.root)
@@ -183,7 +209,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     print(f"{ex.id:24s} chapter {c.label}  {ex.function} in {ex.file}")
             return 0
         if args.command == "verify":
-            verdicts = verify(book, args.ids or None)
+            verdicts = verify(book, args.ids or None, args.jobs)
             for v in verdicts:
                 state = "real" if v.real else "NOT REAL"
                 print(

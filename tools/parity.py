@@ -15,6 +15,7 @@ Nothing here imports minisgl.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -25,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from tools.models import PARITY_MODELS, SMOLLM2, cache_dir, ensure_model, file_lock
 
@@ -65,7 +66,9 @@ def book_dtype():
     return getattr(torch, os.environ.get("MINISGL_BOOK_DTYPE", "float32"))
 
 
+@functools.lru_cache(maxsize=None)
 def load_tokenizer(name: str):
+    """The model's tokenizer, loaded once per process (a load takes about 0.3 s)."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(ensure_model(name))
@@ -100,7 +103,18 @@ def _reference_key(name: str, prompt: List[int], n: int, device: str, dtype: str
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-_HF_MODELS: Dict[str, object] = {}
+_PARSED: Dict[Path, Tuple[Tuple[int, int], Dict[str, Dict]]] = {}  # file -> (its stat, its data)
+
+
+def _read_references(store: Path) -> Dict[str, Dict]:
+    """The references stored in `store`, parsed once per process while the file is unchanged."""
+    if not store.exists():
+        return {}
+    stat = store.stat()
+    stamp = (stat.st_mtime_ns, stat.st_size)
+    if store not in _PARSED or _PARSED[store][0] != stamp:
+        _PARSED[store] = (stamp, json.loads(store.read_text()))
+    return _PARSED[store][1]
 
 
 def hf_references(
@@ -115,7 +129,7 @@ def hf_references(
     store = cache_dir() / "references" / f"{name}.json"
     keys = [_reference_key(name, p, n, device, dtype_name) for p in prompts]
     with file_lock(store.with_suffix(".lock")):
-        known: Dict[str, Dict] = json.loads(store.read_text()) if store.exists() else {}
+        known = _read_references(store)
         missing = [i for i, k in enumerate(keys) if k not in known]
         if missing:
             from transformers import AutoModelForCausalLM
