@@ -79,6 +79,7 @@ def make_config(name: str, **kwargs) -> SchedulerConfig:
         max_running_req=16,
         page_size=1,
         num_page_override=4096,
+        offline_mode=True,  # the script plays the clients: no sockets (chapter 14)
     )
     base.update(kwargs)
     return SchedulerConfig(**base)

@@ -44,6 +44,7 @@ from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
 from .guard import SchedulerGuardMixin
+from .io import SchedulerIOMixin
 from .prefill import ChunkedReq, PrefillManager
 from .table import TableManager
 
@@ -65,7 +66,7 @@ class ForwardInput(NamedTuple):
 ForwardData: TypeAlias = "Tuple[ForwardInput, ForwardOutput]"
 
 
-class Scheduler(SchedulerGuardMixin):
+class Scheduler(SchedulerIOMixin, SchedulerGuardMixin):
     def __init__(self, config: SchedulerConfig) -> None:
         from minisgl.engine import Engine
 
@@ -93,16 +94,9 @@ class Scheduler(SchedulerGuardMixin):
         # processed
         self.finished_reqs: Set[Req] = set()
         self._in_flight: Set[Req] = set()  # the requests of the launched, unprocessed batch
-        # where messages come from and where replies go: a subclass's offline methods here
-        # (chapter 14 adds sockets)
-        self.receive_msg = self.offline_receive_msg
-        self.send_result = self.offline_send_result
-
-    def offline_receive_msg(self, blocking: bool = False) -> List[BaseBackendMsg]:
-        raise NotImplementedError("a driver of the scheduler provides its messages")
-
-    def offline_send_result(self, reply: List[DetokenizeMsg]) -> None:
-        raise NotImplementedError("a driver of the scheduler takes its results")
+        # where messages come from and where replies go: a subclass's offline methods, or
+        # sockets (chapter 16 gives the engine the CPU process group of several ranks)
+        super().__init__(config, tp_cpu_group=None)
 
     def run_when_idle(self) -> None:
         """Called when nothing is runnable, before waiting for the next message: a good time
@@ -160,6 +154,7 @@ class Scheduler(SchedulerGuardMixin):
 
     def shutdown(self) -> None:
         dev.synchronize(self.device)
+        self.stop_io()
         self.engine.shutdown()
 
     def _process_last_data(self, last_data: ForwardData | None) -> None:

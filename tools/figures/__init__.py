@@ -28,6 +28,7 @@ from tools.figures.chapters import (
     ch10,
     ch11,
     ch12,
+    ch14,
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "figures"
@@ -64,6 +65,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "ch11-one-request": ch11.fig_one_request,
     "ch12-sockets": ch12.fig_sockets,
     "ch12-slow-joiner": ch12.fig_slow_joiner,
+    "ch14-one-turn": ch14.fig_one_turn,
 }
 
 
