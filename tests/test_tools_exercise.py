@@ -59,6 +59,45 @@ def test_blank_a_method() -> None:
     assert ns["Box"]().size == 3
 
 
+GENERATORS = textwrap.dedent(
+    """
+    def numbers(n):
+        for i in range(n):
+            yield i
+
+
+    async def pieces(n):
+        for i in range(n):
+            yield str(i)
+
+
+    def returns_a_generator(n):
+        def inner():
+            yield n  # the yield of a nested function: returns_a_generator is no generator
+        return inner()
+    """
+)
+
+
+def test_a_blanked_generator_is_still_one_and_raises_when_iterated() -> None:
+    import asyncio
+
+    ns: dict = {}
+    exec(blank_function(GENERATORS, "numbers", "ex-g", ""), ns)
+    with pytest.raises(NotImplementedError, match="ex-g"):
+        list(ns["numbers"](3))
+
+    exec(blank_function(GENERATORS, "pieces", "ex-a", ""), ns)
+
+    async def consume() -> list:
+        return [piece async for piece in ns["pieces"](3)]
+
+    with pytest.raises(NotImplementedError, match="ex-a"):
+        asyncio.run(consume())
+    out = blank_function(GENERATORS, "returns_a_generator", "ex-r", "")
+    assert "yield" not in out.split("def returns_a_generator")[1]  # a plain function stays one
+
+
 def test_blank_unknown_names_fail_clearly() -> None:
     with pytest.raises(BookError, match="not found"):
         blank_function(SOURCE, "nothing", "x", "")

@@ -80,7 +80,21 @@ def blank_function(source: str, qualname: str, exercise_id: str, hint: str) -> s
     message = f"exercise {exercise_id}: write the body of {qualname}"
     stub = [f"{indent}# {hint}\n"] if hint else []
     stub.append(f"{indent}raise {MARKER}({message!r})\n")
+    if _is_generator(func):  # still a generator, so that its caller reaches the raise
+        stub.append(f"{indent}yield  # (the body is a generator: write it so)\n")
     return "".join(lines[:start] + stub + lines[end:])
+
+
+def _is_generator(func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether `yield` appears in the function's own body (not in a nested function)."""
+    pending: List[ast.AST] = list(func.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Yield, ast.YieldFrom)):
+            return True
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            pending.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def start_workspace(book: Book, exercise_id: str, out: Path) -> Path:
