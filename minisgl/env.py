@@ -62,6 +62,11 @@ class EnvClassSingleton:
     _instance: EnvClassSingleton | None = None
 
     DISABLE_OVERLAP_SCHEDULING = EnvBool(False)
+    # how the shell (python -m minisgl.shell, chapter 15) samples its answers
+    SHELL_MAX_TOKENS = EnvInt(2048)
+    SHELL_TOP_K = EnvInt(-1)
+    SHELL_TOP_P = EnvFloat(1.0)
+    SHELL_TEMPERATURE = EnvFloat(0.6)
 
     def __new__(cls) -> EnvClassSingleton:
         if cls._instance is None:

@@ -157,9 +157,12 @@ def unwrap(msg) -> List:
 
 
 def receive_n(queue: ZmqPullQueue, count: int, worker: mp.Process) -> List:
+    """The next `count` messages, leaving out the prompt token counts that the worker sends
+    the API server from chapter 15 on (they are not this chapter's)."""
     got: List = []
     while len(got) < count:
-        got.extend(unwrap(receive(queue, [worker], 60, f"message {len(got) + 1} of {count}")))
+        msgs = unwrap(receive(queue, [worker], 60, f"message {len(got) + 1} of {count}"))
+        got.extend(m for m in msgs if getattr(m, "prompt_tokens", None) is None)
     return got
 
 

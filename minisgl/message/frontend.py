@@ -1,4 +1,4 @@
-"""Messages into the API server: a piece of a request's output text."""
+"""Messages into the API server: a piece of a request's output text, and its counts."""
 
 from __future__ import annotations
 
@@ -33,3 +33,8 @@ class UserReply(BaseFrontendMsg):
     incremental_output: str  # the text that is new since the last reply
     finished: bool
     error: str | None = None  # why the request was refused, if it was
+    # the API server's counts (chapter 15): a reply with prompt_tokens set carries no text and
+    # comes first, from the tokenizer; the last reply says why the request finished
+    prompt_tokens: int | None = None
+    finish_reason: str | None = None  # "stop" (at the EOS) or "length"
+    carries_token: bool = True  # False for the one reply of a request with max_tokens=0

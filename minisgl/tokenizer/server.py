@@ -29,6 +29,16 @@ def _unwrap_msg(msg: BaseTokenizerMsg) -> List[BaseTokenizerMsg]:
     return msg.data if isinstance(msg, BatchTokenizerMsg) else [msg]
 
 
+def _reply(msg: DetokenizeMsg, piece: str, eos: int | None) -> UserReply:
+    """The API server's reply; the last one says why the request finished: "stop" at its EOS,
+    "length" when its budget ran out (max_tokens=0 included: that reply has no token)."""
+    why = None
+    if msg.finished and msg.error is None:
+        why = "stop" if msg.next_token == eos else "length"
+    return UserReply(msg.uid, piece, msg.finished, msg.error, finish_reason=why,
+                     carries_token=msg.next_token >= 0)  # fmt: skip
+
+
 def _batched(msgs: List, batch_cls: type):
     """One message as itself, several in one batch message."""
     return msgs[0] if len(msgs) == 1 else batch_cls(data=msgs)
@@ -49,8 +59,9 @@ def tokenize_worker(
 ) -> None:
     """Serve until stopped (SIGINT, SIGTERM, or the parent's death: see make_stoppable).
     Each turn takes the messages that have arrived, up to `local_bs` (more if they came in one
-    batch), and handles them by kind: detokenize and reply to the API server, tokenize and
-    send to the scheduler, forward aborts."""
+    batch), and handles them by kind: detokenize and reply to the API server (the last reply
+    of a request says why it finished), tokenize, tell the API server the prompt's length and
+    send it to the scheduler, forward aborts."""
     make_stoppable()
     if local_bs <= 0:
         raise ValueError(f"local_bs must be positive, not {local_bs}")
@@ -64,6 +75,7 @@ def tokenize_worker(
     send_frontend = ZmqPushQueue(frontend_addr, create=False, encoder=BaseFrontendMsg.encoder)
     recv_listener = ZmqPullQueue(addr, create=create, decoder=BaseTokenizerMsg.decoder)
     tokenizer = load_tokenizer(tokenizer_path)
+    eos = tokenizer.eos_token_id
     tokenize_manager = TokenizeManager(tokenizer)
     detokenize_manager = DetokenizeManager(tokenizer)
     if ack_queue is not None:
@@ -79,30 +91,30 @@ def tokenize_worker(
             detokenize = [m for m in pending if isinstance(m, DetokenizeMsg)]
             if detokenize:
                 pieces = detokenize_manager.detokenize(detokenize)
-                replies = [
-                    UserReply(m.uid, piece, m.finished, error=m.error)
-                    for m, piece in zip(detokenize, pieces)
-                ]
+                replies = [_reply(m, piece, eos) for m, piece in zip(detokenize, pieces)]
                 send_frontend.put(_batched(replies, BatchFrontendMsg))
 
             requests: List[BaseBackendMsg] = []
-            refusals: List[BaseFrontendMsg] = []
+            to_frontend: List[BaseFrontendMsg] = []  # prompt token counts and refusals
             for m in pending:
                 if isinstance(m, TokenizeMsg):
                     try:
                         input_ids = tokenize_manager.tokenize_one(m)
                     except Exception as e:  # a bad chat, say: refuse this request, keep serving
                         logger.warning(f"request {m.uid} refused: cannot tokenize it: {e}")
-                        refusals.append(UserReply(m.uid, "", True, error=f"cannot tokenize: {e}"))
+                        to_frontend.append(
+                            UserReply(m.uid, "", True, error=f"cannot tokenize: {e}")
+                        )
                         continue
                     requests.append(UserMsg(m.uid, input_ids, m.sampling_params))
+                    to_frontend.append(UserReply(m.uid, "", False, prompt_tokens=len(input_ids)))
                 elif isinstance(m, AbortMsg):
                     detokenize_manager.abort(m.uid)
                     requests.append(AbortBackendMsg(m.uid))
+            if to_frontend:  # before the requests: a count always comes before the tokens
+                send_frontend.put(_batched(to_frontend, BatchFrontendMsg))
             if requests:
                 send_backend.put(_batched(requests, BatchBackendMsg))
-            if refusals:
-                send_frontend.put(_batched(refusals, BatchFrontendMsg))
     except KeyboardInterrupt:
         pass
     finally:

@@ -29,6 +29,7 @@ from tools.figures.chapters import (
     ch11,
     ch12,
     ch14,
+    ch15,
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "figures"
@@ -66,6 +67,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "ch12-sockets": ch12.fig_sockets,
     "ch12-slow-joiner": ch12.fig_slow_joiner,
     "ch14-one-turn": ch14.fig_one_turn,
+    "ch15-one-request": ch15.fig_one_request,
 }
 
 

@@ -1,0 +1,3 @@
+from .launch import launch_server
+
+__all__ = ["launch_server"]
