@@ -48,7 +48,11 @@ def _run_scheduler(args: ServerArgs, ack_queue: mp.Queue, for_shell: bool) -> No
 
     _stoppable(for_shell)
     with torch.inference_mode():
-        scheduler = Scheduler(args)
+        began = time.perf_counter()
+        scheduler = Scheduler(args)  # the model's weights, the KV cache, the engine
+        logger.info(
+            f"rank {args.tp_info.rank}: the model is loaded ({time.perf_counter() - began:.1f} s)"
+        )
         receive = scheduler.receive_msg
 
         def receive_and_count(blocking: bool = False) -> list:
