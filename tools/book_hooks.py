@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.book import Book, BookError, tomllib  # noqa: E402
+from tools.book import Book, BookError, Manifest, tomllib  # noqa: E402
 
 CODE_RE = re.compile(
     r"^<!-- code(?:\[(?P<chapter>\d+)\])?: (?P<path>[^\s:]+)(?:::(?P<symbol>[\w.]+))? -->$", re.M
@@ -125,9 +125,49 @@ def render_roadmap(book: Book) -> str:
     return "\n".join(rows)
 
 
+def chapter_frame(book: Book, chapter: Manifest, markdown: str) -> str:
+    """A chapter page gets, under its title, where it stands in the book, and at its end the
+    commands that build and run its own tree (its package as the chapter leaves it)."""
+    settings = tomllib.loads((book.root / "chapters" / "book.toml").read_text())
+    chapters = [item for item in settings.get("plan", []) if str(item["number"]).isdigit()]
+    cue = (f"*Chapter {chapter.label} of the {len(chapters)} chapters "
+           f"([the roadmap](../roadmap.md)).*")  # fmt: skip
+    lines = markdown.split("\n")
+    title = next((i for i, line in enumerate(lines) if line.startswith("# ")), None)
+    if title is not None:
+        lines[title + 1 : title + 1] = ["", cue]
+    n, tree = chapter.number, f"/tmp/ch{chapter.label}"
+    commands = [
+        f"python tools/steps.py check {n}   # build, run and test this chapter alone",
+        f"python tools/steps.py build {n} --out {tree}   # or by hand: its tree",
+        f"cd {tree}",
+        f"python {chapter.main}   # the main, on this chapter's package",
+        f"python -m pytest -q {' '.join(chapter.tests)}",
+    ]
+    width = max(len(c.split("   #")[0]) for c in commands) + 2
+    shown = [
+        f"{c.split('   #')[0]:{width}}#{c.split('   #')[1]}" if "   #" in c else c for c in commands
+    ]
+    footer = [
+        "",
+        "## Run this chapter",
+        "",
+        "From a clone of the book's repository, set up as its README says:",
+        "",
+        "```bash",
+        *[line.rstrip() for line in shown],
+        "```",
+        "",
+    ]
+    return "\n".join(lines).rstrip("\n") + "\n" + "\n".join(footer)
+
+
 def expand(markdown: str, page_path: str, book: Optional[Book] = None) -> str:
     book = book or Book(ROOT)
     depth = page_path.count("/")
+    chapter = next((m for m in book.chapters if m.page == f"docs/{page_path}"), None)
+    if chapter is not None and chapter.main:
+        markdown = chapter_frame(book, chapter, markdown)
     try:
         markdown = CODE_RE.sub(
             lambda m: render_code(
