@@ -100,9 +100,12 @@ def render_tree(book: Book, chapter: int) -> str:
         previous = parts[:-1]
     width = max(len(r[0]) for r in rows) + 2
     text = "\n".join(
-        f"{name:{width}}{('<- ' + mark) if mark else ''}".rstrip() for name, mark in rows
+        f"    {name:{width}}{('<- ' + mark) if mark else ''}".rstrip() for name, mark in rows
     )
-    return f"```text\n{text}\n```"
+    summary = f"The whole package after this chapter: {len(files)} files"
+    summary += f" ({len(marks)} of them created or changed here, marked <-)" if marks else ""
+    # folded: the page's list under it, a line per file and why, is what a reader needs first
+    return f'??? abstract "{summary}"\n    ```text\n{text}\n    ```'
 
 
 def render_roadmap(book: Book) -> str:
