@@ -76,7 +76,31 @@ def render_code(book: Book, chapter: Optional[int], path: str, symbol: Optional[
         first, last = 1, len(lines)
     body = "\n".join(lines[first - 1 : last])
     where = f"{path}" + (f" (chapter {chapter:02d})" if chapter is not None else "")
-    return f'```python title="{where}" linenums="{first}"\n{body}\n```'
+    block = f'```python title="{where}" linenums="{first}"\n{body}\n```'
+    posed = _exercises_in(book, chapter, path, symbol)
+    if not posed:
+        return block
+    # the solution of an exercise is not in view when the exercise is posed: folded
+    names = ", ".join(f"`{ex.id}`" for ex in posed)
+    title = f"The book's {symbol or path}: exercise {names} asks you to write it, open when done"
+    inner = "\n".join(("    " + line).rstrip() for line in block.split("\n"))
+    return f'??? example "{title}"\n{inner}'
+
+
+def _exercises_in(book: Book, chapter: Optional[int], path: str, symbol: Optional[str]) -> list:
+    """The exercises of `chapter` whose function the include shows (itself, its class, or
+    the whole file); for a file outside the package (no chapter), any chapter's."""
+    try:
+        chapters = book.chapters if chapter is None else [book.chapter(chapter)]
+    except BookError:
+        return []
+    exercises = [ex for m in chapters for ex in m.exercises]
+    return [
+        ex
+        for ex in exercises
+        if ex.file == path
+        and (symbol is None or ex.function == symbol or ex.function.startswith(symbol + "."))
+    ]
 
 
 def render_tree(book: Book, chapter: int) -> str:

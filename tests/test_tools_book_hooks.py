@@ -1,0 +1,41 @@
+"""tools/book_hooks.py: what the site adds to a chapter's page, from the manifests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tools.book import Book
+from tools.book_hooks import expand
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = Book(ROOT)
+
+
+def test_an_exercised_function_is_folded_and_other_code_is_not() -> None:
+    chapter = next(m for m in BOOK.chapters if m.exercises and m.page)
+    ex = chapter.exercises[0]
+    shown = expand(f"<!-- code[{chapter.number}]: {ex.file}::{ex.function} -->\n", "x.md", BOOK)
+    assert shown.startswith('??? example "') and f"`{ex.id}`" in shown
+    assert "\n    ```python" in shown  # the listing, inside the folded block
+    other = expand(f"<!-- code[{chapter.number}]: {ex.file} -->\n", "x.md", BOOK)
+    assert other.startswith("??? example")  # the whole file holds the solution too
+    plain = expand("<!-- code[1]: minisgl/core.py::SamplingParams -->\n", "x.md", BOOK)
+    assert plain.startswith("```python")
+
+
+def test_the_package_tree_is_folded_with_a_summary() -> None:
+    shown = expand("<!-- tree[15] -->\n", "x.md", BOOK)
+    assert shown.startswith('??? abstract "The whole package after this chapter: ')
+    assert "of them created or changed here" in shown and "<- created" in shown
+
+
+def test_a_chapter_page_says_where_it_stands_and_how_to_run_its_tree() -> None:
+    chapter = BOOK.chapter(15)
+    page = chapter.page.removeprefix("docs/")
+    shown = expand("# 15 · API server\n\nText.\n", page, BOOK)
+    lines = shown.split("\n")
+    assert lines[0] == "# 15 · API server" and lines[2].startswith("*Chapter 15 of the 23 ")
+    assert "## Run this chapter" in shown
+    assert "python tools/steps.py build 15 --out /tmp/ch15" in shown
+    assert f"python {chapter.main}" in shown and chapter.tests[0] in shown
+    assert "Run this chapter" not in expand("# Home\n", "index.md", BOOK)
