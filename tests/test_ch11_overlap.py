@@ -21,7 +21,7 @@ from minisgl.message import AbortBackendMsg, DetokenizeMsg
 from minisgl.scheduler.prefill import ChunkedReq
 from tests.support import load_example, requires_model
 from tools.models import ensure_model
-from tools.parity import build_prompts
+from tools.parity import build_prompts, hf_references
 
 
 # ----------------------------------------------------------------------------- upstream's logic
@@ -245,16 +245,12 @@ def test_fix2_upstream_sends_a_token_past_the_eos() -> None:
 def test_fix2_llm_generate_stops_at_eos_with_smollm2() -> None:
     llm = make(LLM, "smollm2-135m", max_running_req=8)
     try:
-        prompts = build_prompts("smollm2-135m")
+        prompts = build_prompts("smollm2-135m")[:1]
         results = llm.generate(prompts, SamplingParams(max_tokens=40))
     finally:
         llm.shutdown()
     first = results[0]["token_ids"]  # "The capital of France is" ends with <|im_end|> (EOS)
-    reference = (
-        load_example("examples/ch00_step0.py")
-        .Step0Model(ensure_model("smollm2-135m"))
-        .generate(prompts[0], 40)
-    )
+    reference = hf_references("smollm2-135m", prompts[:1], 40)[0].tokens
     assert reference[-1] == llm.eos_token_id and first == reference[:-1]
 
 
@@ -322,8 +318,7 @@ def test_sampling_is_reproducible_and_per_request() -> None:
         finally:
             llm.shutdown()
     assert runs[0] == runs[1]  # a fresh engine seeds its sampler the same way
-    greedy = load_example("examples/ch00_step0.py").Step0Model(ensure_model("smollm2-135m"))
-    expected = [greedy.generate(p, 12) for p in PROMPTS[:4]]
+    expected = [r.tokens for r in hf_references("smollm2-135m", PROMPTS[:4], 12)]
     assert runs[0][1] == expected[1] and runs[0][3] == expected[3]  # the greedy ones
     assert runs[0][0] != expected[0] and runs[0][2] != expected[2]  # the sampled ones do sample
 
