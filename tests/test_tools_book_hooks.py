@@ -39,3 +39,22 @@ def test_a_chapter_page_says_where_it_stands_and_how_to_run_its_tree() -> None:
     assert "python tools/steps.py build 15 --out /tmp/ch15" in shown
     assert f"python {chapter.main}" in shown and chapter.tests[0] in shown
     assert "Run this chapter" not in expand("# Home\n", "index.md", BOOK)
+
+
+def test_every_parity_table_is_folded_under_its_summary_and_nothing_is_lost() -> None:
+    folded = 0
+    for chapter in BOOK.chapters:
+        if not chapter.page:
+            continue
+        source = (ROOT / chapter.page).read_text()
+        shown = expand(source, chapter.page.removeprefix("docs/"), BOOK)
+        for line in source.split("\n"):
+            if line.startswith("parity: models="):
+                models, prompts = line.split()[1:3]
+                title = f"{models.split('=')[1]} models x {prompts.split('=')[1]} prompts"
+                assert f'??? success "Parity with transformers: {title}' in shown, chapter.page
+                assert f"\n    {line}\n" in shown  # the summary line itself, inside the fold
+                folded += 1
+        table = [line for line in source.split("\n") if line.startswith("tiny-qwen3  ")]
+        assert all(line.rstrip() in shown for line in table)
+    assert folded >= 15  # chapters 00-15: one parity table each

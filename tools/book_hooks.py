@@ -32,6 +32,14 @@ CODE_RE = re.compile(
 )
 TREE_RE = re.compile(r"^<!-- tree\[(?P<chapter>\d+)\] -->$", re.M)
 ROADMAP_RE = re.compile(r"^<!-- roadmap -->$", re.M)
+PRINTS_RE = re.compile(
+    r"^(?P<marker><!-- prints: [^\n]+ -->\n)```text\n(?P<body>.*?)\n```$", re.M | re.S
+)
+PARITY_RE = re.compile(
+    r"^parity: models=(?P<models>\d+) prompts=(?P<prompts>\d+) "
+    r"tokens=(?P<matched>\d+)/(?P<total>\d+) min_margin=(?P<margin>[\d.]+)$"
+)
+TABLE_HEAD_RE = re.compile(r"^model {2,}\S")
 
 
 def _source_path(book: Book, chapter: Optional[int], path: str) -> Path:
@@ -152,6 +160,38 @@ def render_roadmap(book: Book) -> str:
     return "\n".join(rows)
 
 
+def fold_parity_table(block: re.Match) -> str:
+    """A "what it prints" block whose output ends in a parity table shows the table folded,
+    with its summary line (the `parity:` line, in words) as the fold's title. The block in the
+    page's source stays as the main prints it, so `steps.py check` compares it whole."""
+    lines = block["body"].split("\n")
+    end = next((i for i, line in enumerate(lines) if PARITY_RE.match(line)), None)
+    if end is None:
+        return block[0]
+    start = next((i for i in range(end, -1, -1) if TABLE_HEAD_RE.match(lines[i])), None)
+    if start is None:
+        return block[0]
+    summary = PARITY_RE.match(lines[end])
+    assert summary is not None
+    matched, total = int(summary["matched"]), int(summary["total"])
+    kind = "success" if matched == total else "failure"
+    title = (
+        f"Parity with transformers: {summary['models']} models x {summary['prompts']} prompts, "
+        f"{matched} of {total} tokens the same; smallest top-2 margin {summary['margin']}"
+    )
+    table = "\n".join(f"    {line}".rstrip() for line in lines[start : end + 1])
+    parts = [block["marker"].rstrip("\n")]
+    before, after = lines[:start], lines[end + 1 :]
+    while before and not before[-1].strip():
+        before.pop()
+    if before:
+        parts.append("```text\n" + "\n".join(before) + "\n```")
+    parts.append(f'??? {kind} "{title}"\n\n    ```text\n{table}\n    ```')
+    if any(line.strip() for line in after):
+        parts.append("```text\n" + "\n".join(after) + "\n```")
+    return "\n\n".join(parts)
+
+
 def chapter_frame(book: Book, chapter: Manifest, markdown: str) -> str:
     """A chapter page gets, under its title, where it stands in the book, and at its end the
     commands that build and run its own tree (its package as the chapter leaves it)."""
@@ -207,6 +247,7 @@ def expand(markdown: str, page_path: str, book: Optional[Book] = None) -> str:
         if depth:  # links in the table are relative to docs/
             roadmap = re.sub(r"\]\(([^)]+)\)", lambda m: f"]({'../' * depth}{m[1]})", roadmap)
         markdown = ROADMAP_RE.sub(lambda m: roadmap, markdown)
+        markdown = PRINTS_RE.sub(fold_parity_table, markdown)
     except BookError as e:
         raise BookError(f"{page_path}: {e}") from e
     return markdown

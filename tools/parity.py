@@ -22,7 +22,6 @@ import json
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -266,13 +265,13 @@ def run_parity(
     `device` and `dtype` are those of transformers' run (default: the book's); a main whose
     engine always runs on the CPU in float32 passes those."""
     summary = Summary(models=len(models), prompts=len(texts))
-    print(f"{'model':14s} {'prompt':28s} {'tokens':>6s} {'match':>5s} {'margin':>7s} {'tok/s':>7s}")
+    # No tokens per second here: `generate` builds its engine too, so a rate would time that.
+    # The benchmarks (tools/bench_offline.py, tools/bench_online.py) time generation alone.
+    print(f"{'model':14s} {'prompt':28s} {'tokens':>6s} {'match':>5s} {'margin':>7s}")
     for name in models:
         prompts = build_prompts(name, texts)
         refs = hf_references(name, prompts, max_new_tokens, device, dtype)
-        begin = time.perf_counter()
         outputs = generate(name, prompts, max_new_tokens)
-        speed = sum(len(o) for o in outputs) / (time.perf_counter() - begin)
         tok = load_tokenizer(name)
         for text, ours, ref in zip(texts, outputs, refs):
             c = compare(list(ours), ref)
@@ -281,7 +280,7 @@ def run_parity(
             summary.margin = min(summary.margin, c.margin)
             ok = "yes" if c.divergence is None else "NO"
             print(
-                f"{name:14s} {text[:26]!r:28s} {c.total:6d} {ok:>5s} {c.margin:7.4f} {speed:7.1f}"
+                f"{name:14s} {text[:26]!r:28s} {c.total:6d} {ok:>5s} {c.margin:7.4f}"
             )
             if c.divergence is not None:
                 summary.failures.append(f"{name} {text!r}")
