@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tools.book import Book
@@ -58,3 +59,13 @@ def test_every_parity_table_is_folded_under_its_summary_and_nothing_is_lost() ->
         table = [line for line in source.split("\n") if line.startswith("tiny-qwen3  ")]
         assert all(line.rstrip() in shown for line in table)
     assert folded >= 15  # chapters 00-15: one parity table each
+
+
+def test_a_figure_keeps_its_text_legible_and_links_to_its_file() -> None:
+    page = '<div class="book-figure" markdown>\n--8<-- "docs/figures/ch09-tree.svg"\n</div>\n'
+    shown = expand(page, "chapters/ch09-radix.md", BOOK)
+    svg = (ROOT / "docs/figures/ch09-tree.svg").read_text()
+    smallest = min(float(v) for v in re.findall(r'font-size="([\d.]+)"', svg))
+    width = int(re.search(r"--book-figure-min: (\d+)px", shown)[1])
+    assert abs(width * smallest / 940 - 12) < 0.02  # 940: the figure's viewBox width
+    assert "[Open the figure full size](../figures/ch09-tree.svg)" in shown

@@ -40,6 +40,11 @@ PARITY_RE = re.compile(
     r"tokens=(?P<matched>\d+)/(?P<total>\d+) min_margin=(?P<margin>[\d.]+)$"
 )
 TABLE_HEAD_RE = re.compile(r"^model {2,}\S")
+FIGURE_RE = re.compile(
+    r'^<div class="book-figure" markdown>\n--8<-- "docs/(?P<path>figures/[\w.-]+\.svg)"\n</div>$',
+    re.M,
+)
+SMALLEST_TEXT_PX = 12  # a figure never shows text smaller than this; narrower screens scroll it
 
 
 def _source_path(book: Book, chapter: Optional[int], path: str) -> Path:
@@ -192,6 +197,27 @@ def fold_parity_table(block: re.Match) -> str:
     return "\n\n".join(parts)
 
 
+def figure_min_width(svg: str) -> int:
+    """The width (CSS px) at which the figure's smallest text is SMALLEST_TEXT_PX tall."""
+    view = re.search(r'viewBox="[\d.]+ [\d.]+ (?P<w>[\d.]+) [\d.]+"', svg)
+    sizes = [float(v) for v in re.findall(r'font-size="([\d.]+)"', svg)]
+    if view is None or not sizes:
+        raise BookError("a figure needs a viewBox and font sizes to be scaled legibly")
+    return round(float(view["w"]) * SMALLEST_TEXT_PX / min(sizes))
+
+
+def render_figure(figure: re.Match, depth: int) -> str:
+    """An inline figure keeps its smallest text at 12 px or more (on a narrow screen it
+    scrolls sideways instead of shrinking) and links to its SVG file, to open full size."""
+    svg = (ROOT / "docs" / figure["path"]).read_text()
+    href = "../" * depth + figure["path"]
+    return (
+        f'<div class="book-figure" style="--book-figure-min: {figure_min_width(svg)}px" markdown>\n'
+        f'--8<-- "docs/{figure["path"]}"\n</div>\n'
+        f'<div class="book-figure-open" markdown>[Open the figure full size]({href})</div>'
+    )
+
+
 def chapter_frame(book: Book, chapter: Manifest, markdown: str) -> str:
     """A chapter page gets, under its title, where it stands in the book, and at its end the
     commands that build and run its own tree (its package as the chapter leaves it)."""
@@ -248,6 +274,7 @@ def expand(markdown: str, page_path: str, book: Optional[Book] = None) -> str:
             roadmap = re.sub(r"\]\(([^)]+)\)", lambda m: f"]({'../' * depth}{m[1]})", roadmap)
         markdown = ROADMAP_RE.sub(lambda m: roadmap, markdown)
         markdown = PRINTS_RE.sub(fold_parity_table, markdown)
+        markdown = FIGURE_RE.sub(lambda m: render_figure(m, depth), markdown)
     except BookError as e:
         raise BookError(f"{page_path}: {e}") from e
     return markdown
