@@ -33,10 +33,11 @@ def test_the_package_tree_is_folded_with_a_summary() -> None:
 def test_a_chapter_page_says_where_it_stands_and_how_to_run_its_tree() -> None:
     chapter = BOOK.chapter(15)
     page = chapter.page.removeprefix("docs/")
-    shown = expand("# 15 · API server\n\nText.\n", page, BOOK)
+    shown = expand("# 15 · API server\n\nText.\n\n## What it prints\n\nRun it.\n", page, BOOK)
     lines = shown.split("\n")
     assert lines[0] == "# 15 · API server" and lines[2].startswith("*Chapter 15 of the 23 ")
     assert "## Run this chapter" in shown
+    assert "own tree, built as [Run this chapter](#run-this-chapter) shows" in shown
     assert "python tools/steps.py build 15 --out /tmp/ch15" in shown
     assert f"python {chapter.main}" in shown and chapter.tests[0] in shown
     assert "Run this chapter" not in expand("# Home\n", "index.md", BOOK)

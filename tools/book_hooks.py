@@ -229,6 +229,14 @@ def chapter_frame(book: Book, chapter: Manifest, markdown: str) -> str:
     title = next((i for i, line in enumerate(lines) if line.startswith("# ")), None)
     if title is not None:
         lines[title + 1 : title + 1] = ["", cue]
+    prints = next((i for i, line in enumerate(lines) if line == "## What it prints"), None)
+    if prints is not None:
+        where = (
+            f"*The commands below run in chapter {chapter.label}'s own tree, built as [Run this "
+            f"chapter](#run-this-chapter) shows. Run from the repository's root, the same main "
+            f"imports the finished package instead.*"
+        )
+        lines[prints + 1 : prints + 1] = ["", where]
     n, tree = chapter.number, f"/tmp/ch{chapter.label}"
     commands = [
         f"python tools/steps.py check {n}   # build, run and test this chapter alone",
