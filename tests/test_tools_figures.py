@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -78,3 +79,15 @@ def test_importing_twice_runs_each_module_once() -> None:
     expected = {p.resolve() for p in PACKAGE.rglob("*.py") if p.name != "__main__.py"}
     assert set(runs) == expected
     assert set(runs.values()) == {1}
+
+
+def test_the_module_maps_badges_link_to_the_written_chapters(tmp_path: Path) -> None:
+    from tools.figures.module_map import MODULES, fig_module_map, written_chapters
+
+    svg = fig_module_map()
+    links = re.findall(r'<a href="\.\./(chapters/[\w-]+)/">', svg)
+    pages = written_chapters()
+    badges = {chapter for _, mods, _ in MODULES for _, _, chapter, _ in mods}
+    assert set(links) == {pages[c] for c in badges if c in pages}  # the written ones, all
+    assert badges - set(pages)  # and some are not written yet, so have no link
+    assert all((ROOT / "docs" / f"{link}.md").exists() for link in links)

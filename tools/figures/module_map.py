@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Dict
 
+from tools.book import tomllib
 from tools.figures.svg import (
     AMBER,
     BLUE,
@@ -18,6 +21,8 @@ from tools.figures.svg import (
     esc,
     num,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 MODULES: list[tuple[str, list[tuple[str, str, str, str]], Sequence[str]]] = [
     # band title ("|" breaks the line), [(package, one line, chapter, colour)], a note
@@ -84,6 +89,19 @@ MODULES: list[tuple[str, list[tuple[str, str, str, str]], Sequence[str]]] = [
 ]
 
 
+def written_chapters() -> Dict[str, str]:
+    """Chapter number ("09") -> its page under the site's root ("chapters/ch09-radix"), for
+    the chapters that have a page."""
+    pages = {}
+    for manifest in sorted((ROOT / "chapters").glob("ch*/manifest.toml")):
+        page = tomllib.loads(manifest.read_text()).get("page")
+        if page:
+            pages[manifest.parent.name.removeprefix("ch")] = page.removeprefix(
+                "docs/"
+            ).removesuffix(".md")
+    return pages
+
+
 def fig_module_map() -> str:
     """The packages of minisgl in dependency layers, with the chapter that builds each."""
     width = 800
@@ -121,7 +139,12 @@ def fig_module_map() -> str:
             s.box(bx, by, bw, bh, color, rx=9)
             s.text(bx + 10, by + 26, pkg, size=15.5, bold=True, mono=True)
             s.text(bx + 10, by + 50, line, size=13, muted=True)
+            page = written_chapters().get(chapter)
+            if page is not None:  # a written chapter's badge links to its page
+                s.body.append(f'<a href="../{page}/">')
             s.pill(bx + bw - 7, by + 16, chapter, color, size=12, anchor="end")
+            if page is not None:
+                s.body.append("</a>")
         if note:
             nx = start + n * step + 10
             s.lines(
