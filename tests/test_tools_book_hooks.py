@@ -70,3 +70,19 @@ def test_a_figure_keeps_its_text_legible_and_links_to_its_file() -> None:
     width = int(re.search(r"--book-figure-min: (\d+)px", shown)[1])
     assert abs(width * smallest / 940 - 12) < 0.02  # 940: the figure's viewBox width
     assert "[Open the figure full size](../figures/ch09-tree.svg)" in shown
+
+
+def test_a_changed_function_shows_its_changed_lines_and_a_diff_from_both_versions() -> None:
+    shown = expand(
+        "<!-- code[11]: minisgl/scheduler/scheduler.py::Scheduler.__init__ -->\n", "x.md"
+    )
+    head = shown.split("\n")[0]
+    assert "highlighted: changed since chapter 10" in head
+    spans = re.search(r'hl_lines="([\d\- ]+)"', head)[1].split()
+    body = shown.split("\n")[1:]
+    first_changed = int(spans[0].split("-")[0])
+    assert "self.stream = dev.Stream" in "\n".join(body[first_changed - 1 : first_changed + 2])
+    assert "--- chapter 10\n    +++ chapter 11" in shown
+    assert "\n    +        self.stream = dev.Stream(self.device)" in shown
+    unchanged = expand("<!-- code[11]: minisgl/core.py::SamplingParams -->\n", "x.md", BOOK)
+    assert "hl_lines" not in unchanged and "What changed" not in unchanged

@@ -16,8 +16,10 @@ A marker that names a missing file or symbol stops the build with an error.
 from __future__ import annotations
 
 import ast
+import difflib
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -89,7 +91,20 @@ def render_code(book: Book, chapter: Optional[int], path: str, symbol: Optional[
         first, last = 1, len(lines)
     body = "\n".join(lines[first - 1 : last])
     where = f"{path}" + (f" (chapter {chapter:02d})" if chapter is not None else "")
-    block = f'```python title="{where}" linenums="{first}"\n{body}\n```'
+    change = _change_since_previous(book, chapter, path, symbol, body)
+    options = f'linenums="{first}"'
+    if change is not None and change.changed:
+        options += f' hl_lines="{change.changed}"'
+        where += f", highlighted: changed since chapter {change.since:02d}"
+    elif change is not None and change.diff is None:
+        where += f", new since chapter {change.since:02d}"
+    block = f'```python title="{where}" {options}\n{body}\n```'
+    if change is not None and change.diff:
+        inner = "\n".join(f"    {line}".rstrip() for line in change.diff.split("\n"))
+        block += (
+            f'\n\n??? note "What changed since chapter {change.since:02d} (a diff of the two '
+            f'versions)"\n\n    ```diff\n{inner}\n    ```'
+        )
     posed = _exercises_in(book, chapter, path, symbol)
     if not posed:
         return block
@@ -98,6 +113,49 @@ def render_code(book: Book, chapter: Optional[int], path: str, symbol: Optional[
     title = f"The book's {symbol or path}: exercise {names} asks you to write it, open when done"
     inner = "\n".join(("    " + line).rstrip() for line in block.split("\n"))
     return f'??? example "{title}"\n{inner}'
+
+
+@dataclass
+class Change:
+    since: int  # the chapter before, whose version it is compared with
+    changed: str  # the changed or added lines, 1-based in the shown block ("3-5 9")
+    diff: Optional[str]  # a unified diff; None where the symbol is new
+
+
+def _change_since_previous(
+    book: Book, chapter: Optional[int], path: str, symbol: Optional[str], body: str
+) -> Optional[Change]:
+    """How the shown code differs from the previous chapter's version of it: None where
+    there is nothing to compare (a file outside the package, a file new in this chapter, an
+    unchanged one, or a whole file, which `steps.py diff` shows)."""
+    if chapter is None or symbol is None or not path.startswith(book.package + "/"):
+        return None
+    before = book.previous(chapter)
+    if before is None:
+        return None
+    old_file = book.package_files(before.number).get(path)
+    if old_file is None:
+        return None
+    old_source = old_file.read_text()
+    try:
+        first, last = symbol_lines(old_source, symbol)
+    except BookError:
+        return Change(before.number, "", None)  # the file existed, this symbol did not
+    old = old_source.splitlines()[first - 1 : last]
+    new = body.split("\n")
+    if old == new:
+        return None
+    spans = []
+    matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
+    for tag, _, _, j1, j2 in matcher.get_opcodes():
+        if tag in ("replace", "insert"):
+            spans.append(f"{j1 + 1}" if j2 - j1 == 1 else f"{j1 + 1}-{j2}")
+    diff = "\n".join(
+        difflib.unified_diff(
+            old, new, f"chapter {before.label}", f"chapter {chapter:02d}", lineterm="", n=2
+        )
+    )
+    return Change(before.number, " ".join(spans), diff)
 
 
 def _exercises_in(book: Book, chapter: Optional[int], path: str, symbol: Optional[str]) -> list:
