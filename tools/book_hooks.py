@@ -34,6 +34,7 @@ CODE_RE = re.compile(
 )
 TREE_RE = re.compile(r"^<!-- tree\[(?P<chapter>\d+)\] -->$", re.M)
 ROADMAP_RE = re.compile(r"^<!-- roadmap -->$", re.M)
+CHALLENGES_RE = re.compile(r"^<!-- challenges -->$", re.M)
 PRINTS_RE = re.compile(
     r"^(?P<marker><!-- prints: [^\n]+ -->\n)```text\n(?P<body>.*?)\n```$", re.M | re.S
 )
@@ -276,6 +277,33 @@ def render_figure(figure: re.Match, depth: int) -> str:
     )
 
 
+def render_challenges(book: Book, depth: int) -> str:
+    """Every challenge: its title, the chapter it builds on, its task, how to start it."""
+    from tools.challenge import challenges
+
+    pages = {m.number: m.page for m in book.chapters if m.page}
+    parts = []
+    for c in challenges():
+        page = pages.get(c.chapter)
+        after = f"chapter {c.chapter:02d}"
+        if page:
+            after = f"[{after}]({'../' * depth}{page.removeprefix('docs/')})"
+        parts += [
+            f"## {c.title}",
+            "",
+            f"`{c.id}` · builds on {after} · {c.summary}",
+            "",
+            c.task.strip(),
+            "",
+            "```bash",
+            f"python tools/challenge.py start {c.id}   # my-challenges/{c.id}/{c.file}",
+            f"python tools/challenge.py check {c.id}",
+            "```",
+            "",
+        ]
+    return "\n".join(parts)
+
+
 def chapter_frame(book: Book, chapter: Manifest, markdown: str) -> str:
     """A chapter page gets, under its title, where it stands in the book, and at its end the
     commands that build and run its own tree (its package as the chapter leaves it)."""
@@ -340,6 +368,7 @@ def expand(markdown: str, page_path: str, book: Optional[Book] = None) -> str:
             roadmap = re.sub(r"\]\(([^)]+)\)", lambda m: f"]({'../' * depth}{m[1]})", roadmap)
         markdown = ROADMAP_RE.sub(lambda m: roadmap, markdown)
         markdown = PRINTS_RE.sub(fold_parity_table, markdown)
+        markdown = CHALLENGES_RE.sub(lambda m: render_challenges(book, depth), markdown)
         markdown = FIGURE_RE.sub(lambda m: render_figure(m, depth), markdown)
     except BookError as e:
         raise BookError(f"{page_path}: {e}") from e
