@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ CODE_RE = re.compile(
 TREE_RE = re.compile(r"^<!-- tree\[(?P<chapter>\d+)\] -->$", re.M)
 ROADMAP_RE = re.compile(r"^<!-- roadmap -->$", re.M)
 CHALLENGES_RE = re.compile(r"^<!-- challenges -->$", re.M)
+ANIMATION_RE = re.compile(r"^<!-- animation: (?P<name>[\w-]+) -->$", re.M)
 PRINTS_RE = re.compile(
     r"^(?P<marker><!-- prints: [^\n]+ -->\n)```text\n(?P<body>.*?)\n```$", re.M | re.S
 )
@@ -304,6 +306,33 @@ def render_challenges(book: Book, depth: int) -> str:
     return "\n".join(parts)
 
 
+def render_animation(name: str) -> str:
+    """The player of docs/javascripts/animation.js around the recorded frames, inlined (the
+    page then works from a file too); `<` is escaped so no frame can end the script early."""
+    path = ROOT / "docs" / "animations" / f"{name}.json"
+    if not path.exists():
+        raise BookError(f"animation {name!r}: {path} is missing (python -m tools.animations)")
+    data = json.loads(path.read_text())
+    if len(data["frames"]) < 2:
+        raise BookError(f"animation {name!r} has {len(data['frames'])} frame(s)")
+    payload = path.read_text().replace("<", "\\u003c")
+    width = figure_min_width(data["frames"][0]["svg"])
+    buttons = "".join(
+        f'<button type="button" data-act="{act}">{label}</button>'
+        for act, label in (("first", "|◀ first"), ("prev", "◀ step"), ("play", "▶ play"),
+                           ("next", "step ▶"), ("last", "last ▶|"))
+    )  # fmt: skip
+    return (
+        f'<div class="book-animation" tabindex="0" role="group" aria-label="{data["title"]}" '
+        f'data-animation="{name}" style="--book-figure-min: {width}px">'
+        f'<script type="application/json">{payload}</script>'
+        f'<div class="book-animation-stage"></div>'
+        f'<p class="book-animation-narration" aria-live="polite"></p>'
+        f'<div class="book-animation-controls">{buttons}'
+        f'<span class="book-animation-counter"></span></div></div>'
+    )
+
+
 def chapter_frame(book: Book, chapter: Manifest, markdown: str) -> str:
     """A chapter page gets, under its title, where it stands in the book, and at its end the
     commands that build and run its own tree (its package as the chapter leaves it)."""
@@ -369,6 +398,7 @@ def expand(markdown: str, page_path: str, book: Optional[Book] = None) -> str:
         markdown = ROADMAP_RE.sub(lambda m: roadmap, markdown)
         markdown = PRINTS_RE.sub(fold_parity_table, markdown)
         markdown = CHALLENGES_RE.sub(lambda m: render_challenges(book, depth), markdown)
+        markdown = ANIMATION_RE.sub(lambda m: render_animation(m["name"]), markdown)
         markdown = FIGURE_RE.sub(lambda m: render_figure(m, depth), markdown)
     except BookError as e:
         raise BookError(f"{page_path}: {e}") from e

@@ -6,8 +6,9 @@
 Each page is loaded at a desktop window (1440 x 900) and a phone (390 x 844), in the light
 and the dark scheme. A page fails on: a message the browser logs as an error (a JavaScript
 error, a resource that did not load), an image that did not load, a figure without its SVG or
-whose smallest text shows below 12 px, an include marker left in the text, or (on the desktop)
-a code block whose lines are at most 100 columns and that still scrolls sideways.
+whose smallest text shows below 12 px, an include marker left in the text, an animation that
+does not step through all its frames (each with a picture and a narration), or (on the
+desktop) a code block whose lines are at most 100 columns and that still scrolls sideways.
 
 Chromium and its driver come from Debian's packages `chromium` and `chromium-driver` (the
 README's set-up for the browser tests); $BOOK_CHROMIUM and $BOOK_CHROMEDRIVER name others.
@@ -69,7 +70,27 @@ if (arguments[1]) {
     }
   }
 }
-return {problems: problems, figures: figures.length};
+const animations = [...document.querySelectorAll('.book-animation')];
+for (const [i, anim] of animations.entries()) {
+  const total = parseInt(anim.dataset.frames || '0');
+  const next = anim.querySelector("[data-act='next']");
+  if (total < 2 || !next) { problems.push('animation ' + (i + 1) + ' did not start'); continue; }
+  const seen = new Set();
+  for (let step = 1; step <= total; step++) {
+    const svg = anim.querySelector('.book-animation-stage svg');
+    const said = anim.querySelector('.book-animation-narration').textContent;
+    if (!svg || !svg.querySelector('text') || !said.trim()) {
+      problems.push('animation ' + (i + 1) + ', frame ' + step + ': no picture or no narration');
+    }
+    seen.add(anim.dataset.frame);
+    if (step < total) next.click();
+  }
+  if (seen.size !== total || anim.dataset.frame !== String(total)) {
+    problems.push('animation ' + (i + 1) + ' stepped through ' + seen.size + ' of ' + total);
+  }
+  anim.querySelector("[data-act='first']").click();
+}
+return {problems: problems, figures: figures.length, animations: animations.length};
 """
 
 
@@ -79,6 +100,7 @@ class PageReport:
     view: str
     problems: List[str]
     figures: int
+    animations: int = 0
 
 
 def chromium_paths() -> Tuple[str, str]:
@@ -180,7 +202,11 @@ def check_pages(driver, base: str, pages: List[str]) -> List[PageReport]:
             for entry in driver.get_log("browser"):
                 if entry.get("level") == "SEVERE":
                     problems.append(f"browser error: {entry.get('message')}")
-            reports.append(PageReport(page or "(home)", view, problems, measured["figures"]))
+            reports.append(
+                PageReport(
+                    page or "(home)", view, problems, measured["figures"], measured["animations"]
+                )
+            )
     return reports
 
 
@@ -228,10 +254,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return 0
             reports = check_pages(driver, base, pages)
     failed = [r for r in reports if r.problems]
-    figures = sum(r.figures for r in reports if r.view == "desktop light")
+    desktop = [r for r in reports if r.view == "desktop light"]
+    figures, animations = sum(r.figures for r in desktop), sum(r.animations for r in desktop)
     print(
         f"{len(pages)} pages x {len(views())} views ({', '.join(v[0] for v in views())}): "
-        f"{len(reports) - len(failed)} of {len(reports)} clean; {figures} figures"
+        f"{len(reports) - len(failed)} of {len(reports)} clean; {figures} figures, "
+        f"{animations} animations stepped through every frame"
     )
     for report in failed:
         for problem in report.problems:

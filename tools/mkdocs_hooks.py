@@ -18,7 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tools import figures  # noqa: E402
+from tools import animations, figures  # noqa: E402
 
 log = logging.getLogger("mkdocs.hooks.figures")
 
@@ -41,3 +41,6 @@ def on_pre_build(config: MkDocsConfig, **kwargs: object) -> None:
     out_dir = Path(config["docs_dir"]) / "figures"
     paths = figures.generate(out_dir)
     log.info("figures: %d SVG files in %s", len(paths), out_dir)
+    # the animations run the engine to record their frames: only those missing or stale
+    recorded = animations.generate(Path(config["docs_dir"]) / "animations", only_stale=True)
+    log.info("animations: %d recorded afresh", len(recorded))
