@@ -247,6 +247,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             site = Path(tmp) / "site"
             build_site(site)
         pages = site_pages(site)
+        if not pages:
+            raise SystemExit(f"no pages in {site}: is it a built site?")
         with serve(site) as base, chromium() as driver:
             if args.command == "screenshots":
                 written = screenshot_pages(driver, base, pages, args.out)
