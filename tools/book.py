@@ -219,8 +219,8 @@ class Book:
         out = Path(out)
         if out.exists() and any(out.iterdir()):
             raise BookError(f"{out} is not empty")
+        chapter = self.chapter(number)  # an unknown chapter fails before anything is made
         out.mkdir(parents=True, exist_ok=True)
-        chapter = self.chapter(number)
         for rel, src in self.package_files(number).items():
             _copy(src, out / rel)
         for rel in self.support:

@@ -353,25 +353,23 @@ def chapter_frame(book: Book, chapter: Manifest, markdown: str) -> str:
         )
         lines[prints + 1 : prints + 1] = ["", where]
     n, tree = chapter.number, f"/tmp/ch{chapter.label}"
-    commands = [
-        f"python tools/steps.py check {n}   # build, run and test this chapter alone",
-        f"python tools/steps.py build {n} --out {tree}   # or by hand: its tree",
-        f"cd {tree}",
-        f"python {chapter.main}   # the main, on this chapter's package",
-        f"python -m pytest -q {' '.join(chapter.tests)}",
-    ]
-    width = max(len(c.split("   #")[0]) for c in commands) + 2
     shown = [
-        f"{c.split('   #')[0]:{width}}#{c.split('   #')[1]}" if "   #" in c else c for c in commands
+        "# build, run and test this chapter alone",
+        f"python tools/steps.py check {n}",
+        "# or by hand: its tree, its main on its own package, its tests (check runs older ones)",
+        f"python tools/steps.py build {n} --out {tree}",
+        f"cd {tree}",
+        f"python {chapter.main}",
+        f"python -m pytest -q {' '.join(chapter.tests)}",
     ]
     footer = [
         "",
         "## Run this chapter",
         "",
-        "From a clone of the book's repository, set up as its README says:",
+        "From a clone of the book's repository, set up as [Get the code](../get-the-code.md) says:",
         "",
         "```bash",
-        *[line.rstrip() for line in shown],
+        *shown,
         "```",
         "",
     ]

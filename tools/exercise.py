@@ -243,7 +243,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"  write the body of {ex.function} in {target}")
             if ex.hint:
                 print(f"  hint: {ex.hint}")
-            print(f"  then run: python tools/exercise.py check {ex.id}")
+            where = f" --dir {args.dir}" if args.dir else ""
+            print(f"  then run: python tools/exercise.py check {ex.id}{where}")
             return 0
         if args.command == "check":
             if not workspace.exists():

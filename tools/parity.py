@@ -279,9 +279,7 @@ def run_parity(
             summary.total += c.total
             summary.margin = min(summary.margin, c.margin)
             ok = "yes" if c.divergence is None else "NO"
-            print(
-                f"{name:14s} {text[:26]!r:28s} {c.total:6d} {ok:>5s} {c.margin:7.4f}"
-            )
+            print(f"{name:14s} {text[:26]!r:28s} {c.total:6d} {ok:>5s} {c.margin:7.4f}")
             if c.divergence is not None:
                 summary.failures.append(f"{name} {text!r}")
                 pos = c.divergence
