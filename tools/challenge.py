@@ -55,6 +55,10 @@ def challenges() -> List[Challenge]:
     found = []
     for toml in sorted(FOLDER.glob("*/challenge.toml")):
         data = tomllib.loads(toml.read_text())
+        needed = ["README.md", "starter.py", "solution.py", data.get("checker", "(checker)")]
+        missing = [name for name in needed if not (toml.parent / name).exists()]
+        if missing:
+            raise SystemExit(f"challenge {toml.parent.name}: missing {', '.join(missing)}")
         found.append(
             Challenge(
                 id=toml.parent.name,
