@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,5 +18,6 @@ def candidate(request):
     spec = importlib.util.spec_from_file_location(f"challenge_{folder.name}", path)
     assert spec is not None and spec.loader is not None, f"cannot load {path}"
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a reader's dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
