@@ -210,12 +210,15 @@ def run_parity_cases(
     generate: Callable[[str, List[Case]], List[List[int]]],
     cases_for: Callable[[str], List[Case]],
     models: Sequence[str] = PARITY_MODELS,
-    runs: int = 1,
+    runs: int | Callable[[str], int] = 1,
 ) -> Summary:
     """Like run_parity, for a workload of any shape: `generate(name, cases)` returns the
-    tokens of every case; `runs` says how many times each case is generated (with different
-    engine settings, say), and all runs are compared. Prints one row per model and run."""
+    tokens of every case; `runs` (a number, or a function of the model's name) says how many
+    times each case is generated (with different engine settings, say), and all runs are
+    compared. Prints one row per model and run; the summary counts each model's prompts
+    once and the tokens of every run."""
     summary = Summary(models=len(models))
+    runs_of = runs if callable(runs) else (lambda name: runs)
     print(
         f"{'model':14s} {'run':>3s} {'prompts':>7s} {'tokens':>7s} {'matched':>7s} "
         f"{'min margin':>10s}"
@@ -224,7 +227,7 @@ def run_parity_cases(
         cases = cases_for(name)
         refs = [hf_references(name, [c.prompt], c.max_new_tokens)[0] for c in cases]
         tok = load_tokenizer(name)
-        for run in range(runs):
+        for run in range(runs_of(name)):
             outputs = generate(name, cases) if runs == 1 else generate(name, cases, run)  # type: ignore[call-arg]
             matched = total = 0
             margin = math.inf
@@ -242,12 +245,11 @@ def run_parity_cases(
                         f"  {case.label}: first divergence at generated token {pos}: ours "
                         f"{mine}, transformers {theirs}"
                     )
-            summary.prompts += len(cases)
             summary.matched += matched
             summary.total += total
             summary.margin = min(summary.margin, margin)
             print(f"{name:14s} {run:3d} {len(cases):7d} {total:7d} {matched:7d} {margin:10.4f}")
-    summary.prompts //= max(len(models), 1)
+        summary.prompts = max(summary.prompts, len(cases))
     print(summary.line())
     return summary
 
