@@ -9,7 +9,6 @@ before a subscription has reached it; ours waits for its subscribers.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import sys
 import tempfile
@@ -40,7 +39,13 @@ from minisgl.message import (  # noqa: E402
     UserMsg,
     UserReply,
 )
-from minisgl.utils import ZmqPubQueue, ZmqPullQueue, ZmqPushQueue, ZmqSubQueue  # noqa: E402
+from minisgl.utils import (  # noqa: E402
+    ZmqPubQueue,
+    ZmqPullQueue,
+    ZmqPushQueue,
+    ZmqSubQueue,
+    worker_context,
+)
 from tools.models import ensure_model  # noqa: E402
 from tools.parity import book_dtype, run_parity  # noqa: E402
 from tools.processes import finish, receive, stopped_on_exit  # noqa: E402
@@ -112,7 +117,7 @@ def generate_over(folder: str, name: str, prompts: List[List[int]], n: int) -> L
     replies = ZmqPullQueue(detokenizer_addr, create=True, decoder=BaseTokenizerMsg.decoder)
     requests = ZmqPushQueue(backend_addr, create=False, encoder=BaseBackendMsg.encoder)
     dtype = str(book_dtype()).removeprefix("torch.")
-    scheduler = mp.get_context("spawn").Process(
+    scheduler = worker_context().Process(
         target=serve, args=(str(ensure_model(name)), dtype, backend_addr, detokenizer_addr)
     )
     scheduler.start()

@@ -9,7 +9,6 @@ transformers, and the streamed text must equal the decoded tokens.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from minisgl.message import (  # noqa: E402
 )
 from minisgl.tokenizer import tokenize_worker  # noqa: E402
 from minisgl.tokenizer.detokenize import DetokenizeManager  # noqa: E402
-from minisgl.utils import ZmqPullQueue, ZmqPushQueue  # noqa: E402
+from minisgl.utils import ZmqPullQueue, ZmqPushQueue, worker_context  # noqa: E402
 from tools.models import DEMO_MODEL, ensure_model  # noqa: E402
 from tools.parity import DEFAULT_TEXTS, book_dtype, load_tokenizer, run_parity  # noqa: E402
 from tools.processes import finish, receive, stopped_on_exit  # noqa: E402
@@ -74,11 +73,11 @@ def generate_over(folder: str, name: str, prompts: List[List[int]], n: int) -> L
     tap = ZmqPullQueue(addr["tap"], create=True, decoder=BaseTokenizerMsg.decoder)
     to_tokenizer = ZmqPushQueue(addr["tokenizer"], create=False, encoder=BaseTokenizerMsg.encoder)
     to_scheduler = ZmqPushQueue(addr["backend"], create=False, encoder=BaseBackendMsg.encoder)
-    spawn = mp.get_context("spawn")
+    workers = worker_context()
     dtype = str(book_dtype()).removeprefix("torch.")
     model = str(ensure_model(name))
-    scheduler = spawn.Process(target=serve, args=(model, dtype, addr["backend"], addr["tap"]))
-    worker = spawn.Process(
+    scheduler = workers.Process(target=serve, args=(model, dtype, addr["backend"], addr["tap"]))
+    worker = workers.Process(
         target=tokenize_worker,
         kwargs=dict(
             tokenizer_path=model,

@@ -34,7 +34,7 @@ from minisgl.message import (  # noqa: E402
     UserMsg,
 )
 from minisgl.scheduler import SchedulerConfig  # noqa: E402
-from minisgl.utils import ZmqPullQueue, ZmqPushQueue  # noqa: E402
+from minisgl.utils import ZmqPullQueue, ZmqPushQueue, worker_context  # noqa: E402
 from tools.models import DEMO_MODEL, ensure_model  # noqa: E402
 from tools.parity import book_dtype, load_tokenizer, run_parity  # noqa: E402
 from tools.processes import finish, receive, stopped_on_exit  # noqa: E402
@@ -76,8 +76,8 @@ class SchedulerClient:
         self.replies = ZmqPullQueue(
             self.config.zmq_detokenizer_addr, create=False, decoder=BaseTokenizerMsg.decoder
         )
-        ready: mp.Queue = mp.get_context("spawn").Queue()
-        self.process = mp.get_context("spawn").Process(
+        ready: mp.Queue = worker_context(["minisgl.scheduler"]).Queue()
+        self.process = worker_context(["minisgl.scheduler"]).Process(
             target=run_scheduler, args=(self.config, ready), name=f"scheduler({name})"
         )
         self.process.start()

@@ -116,7 +116,7 @@ def test_max_tokens_and_eos() -> None:
 @requires_model("smollm2-135m")
 def test_stopping_at_eos(model_path) -> None:
     """SmolLM2 ends its answer with <|im_end|> (the EOS): the scheduler stops there."""
-    prompt = build_prompts("smollm2-135m")[0]  # "The capital of France is" -> ... <|im_end|>
+    prompt = build_prompts("smollm2-135m", ["Hi"])[0]  # a chat: "Hello! How can I ..." + EOS
     sched = scripted.ScriptedScheduler(
         scripted.make_config("smollm2-135m"), [(0, scripted.user_msg(0, prompt, 40))]
     )

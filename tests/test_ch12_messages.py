@@ -7,7 +7,6 @@ publisher and a test asserting that the same check catches upstream's plain PUB 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import tempfile
 import threading
 import time
@@ -45,6 +44,7 @@ from minisgl.utils import (
     ZmqPushQueue,
     ZmqSubQueue,
     make_stoppable,
+    worker_context,
 )
 from tools.processes import finish, receive, stopped_on_exit
 
@@ -201,7 +201,7 @@ def echo_worker(backend_addr: str, reply_addr: str) -> None:
 def test_push_and_pull_between_processes(folder: str, keep: Callable) -> None:
     replies = keep(ZmqPullQueue(f"{folder}/replies", create=True, decoder=BaseTokenizerMsg.decoder))
     requests = keep(ZmqPushQueue(f"{folder}/backend", create=False, encoder=BaseBackendMsg.encoder))
-    worker = mp.get_context("spawn").Process(
+    worker = worker_context([__name__]).Process(
         target=echo_worker, args=(f"{folder}/backend", f"{folder}/replies")
     )
     worker.start()

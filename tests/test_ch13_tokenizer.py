@@ -31,7 +31,7 @@ from minisgl.message import (
 from minisgl.tokenizer import tokenize_worker
 from minisgl.tokenizer.detokenize import REPLACEMENT_CHAR, DetokenizeManager
 from minisgl.tokenizer.tokenize import TokenizeManager
-from minisgl.utils import ZmqPullQueue, ZmqPushQueue
+from minisgl.utils import ZmqPullQueue, ZmqPushQueue, worker_context
 from tools.models import ensure_model
 from tools.parity import DEFAULT_TEXTS, build_prompts, load_tokenizer
 from tools.processes import finish, receive, stopped_on_exit
@@ -168,8 +168,8 @@ def receive_n(queue: ZmqPullQueue, count: int, worker: mp.Process) -> List:
 
 def start_worker(folder: str, local_bs: int = 4) -> mp.Process:
     """A tokenizer worker in a fresh interpreter, once it has said it is ready."""
-    ack: mp.Queue = mp.get_context("spawn").Queue()
-    worker = mp.get_context("spawn").Process(
+    ack: mp.Queue = worker_context(["minisgl.tokenizer"]).Queue()
+    worker = worker_context(["minisgl.tokenizer"]).Process(
         target=tokenize_worker,
         kwargs=dict(
             tokenizer_path=str(ensure_model(MODEL)),
@@ -283,7 +283,7 @@ def is_gone(pid: int) -> bool:
 
 def test_an_orphaned_worker_stops_by_itself(folder: str, tmp_path) -> None:
     pid_file = str(tmp_path / "worker.pid")
-    parent = mp.get_context("spawn").Process(target=spawn_and_vanish, args=(folder, pid_file))
+    parent = worker_context([__name__]).Process(target=spawn_and_vanish, args=(folder, pid_file))
     parent.start()
     parent.join(90)
     assert parent.exitcode == 0

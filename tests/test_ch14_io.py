@@ -26,7 +26,7 @@ from minisgl.message import (
 )
 from minisgl.scheduler import SchedulerConfig
 from minisgl.scheduler.io import SchedulerIOMixin
-from minisgl.utils import ZmqPushQueue, make_stoppable
+from minisgl.utils import ZmqPushQueue, make_stoppable, worker_context
 from tests.support import load_example
 from tools.models import ensure_model
 from tools.processes import finish, receive, stopped_on_exit
@@ -128,10 +128,10 @@ def rank_main(
 def test_rank0_forwards_each_turns_messages_to_the_other_rank_in_order(tmp_path) -> None:
     cfg = config()
     turns = [True, False, True, False]  # block, take what is there, block, take
-    out: mp.Queue = mp.get_context("spawn").Queue()
+    out: mp.Queue = worker_context([__name__]).Queue()
     store = str(tmp_path / "store")
     ranks = [
-        mp.get_context("spawn").Process(target=rank_main, args=(r, store, cfg, turns, out))
+        worker_context([__name__]).Process(target=rank_main, args=(r, store, cfg, turns, out))
         for r in (0, 1)
     ]
     for p in ranks:

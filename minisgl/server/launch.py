@@ -22,7 +22,7 @@ from multiprocessing.process import BaseProcess
 from typing import Dict, List
 
 from minisgl.distributed import DistributedInfo
-from minisgl.utils import init_logger, make_stoppable
+from minisgl.utils import init_logger, make_stoppable, worker_context
 
 from .args import ServerArgs, parse_args
 
@@ -128,7 +128,7 @@ class Backend:
 def start_backend(args: ServerArgs, for_shell: bool = False) -> Backend:
     """Start every worker and wait until all say they are ready (or one dies: then stop them
     all and raise, naming it)."""
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()
     ack_queue: mp.Queue = ctx.Queue()
     processes: List[BaseProcess] = []
     for rank in range(args.tp_info.size):

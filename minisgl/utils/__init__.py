@@ -10,6 +10,7 @@ from .mp import (
     ZmqPushQueue,
     ZmqSubQueue,
     make_stoppable,
+    worker_context,
 )
 from .registry import Registry
 from .torch_utils import nvtx_annotate, torch_dtype
@@ -39,4 +40,5 @@ __all__ = [
     "ZmqPushQueue",
     "ZmqSubQueue",
     "make_stoppable",
+    "worker_context",
 ]
