@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ DESKTOP, PHONE = (1440, 900), (390, 844)
 CODE_COLUMNS = 100  # lines the book shows are at most this long (ruff's line length)
 SMALLEST_TEXT_PX = 12
 PAGE_SECONDS = 30
+READY_SECONDS = 10.0  # how long a page's players may take to set themselves up
 
 # What a page reports about itself, measured in the page by the browser.
 MEASURE = """
@@ -188,6 +190,21 @@ def views() -> List[Tuple[str, Tuple[int, int], str]]:
     ]
 
 
+READY = """
+return document.readyState === 'complete'
+  && [...document.querySelectorAll('.book-animation')].every(a => a.dataset.frames);
+"""
+
+
+def wait_until_ready(driver, seconds: float = READY_SECONDS) -> None:
+    """Wait (a bounded time) until the page has loaded and its players have set themselves up:
+    on a busy machine a check run at once can find a player that has not started yet. What is
+    still not ready afterwards, the check reports."""
+    deadline = time.monotonic() + seconds
+    while not driver.execute_script(READY) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def check_pages(driver, base: str, pages: List[str]) -> List[PageReport]:
     reports = []
     for view, size, scheme in views():
@@ -195,6 +212,7 @@ def check_pages(driver, base: str, pages: List[str]) -> List[PageReport]:
         for page in pages:
             driver.get_log("browser")  # drop what earlier pages logged
             driver.get(base + page)
+            wait_until_ready(driver)
             measured: Dict = driver.execute_script(
                 MEASURE, SMALLEST_TEXT_PX, size == DESKTOP, CODE_COLUMNS
             )

@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 STACKS_ENV = "MINISGL_BOOK_STACKS"  # the folder where each process writes its stacks on SIGUSR1
 SETTLE_S = 3.0  # how long the group may take to wind down after its leader exited
 DUMP_WAIT_S = 2.0  # how long the stacks may take to be written
+KILL_WAIT_S = 5.0  # how long killed processes may take to disappear
 
 _RUNNING: Set[int] = set()  # the process groups of the commands running now
 _RUNNING_LOCK = threading.Lock()
@@ -165,4 +166,5 @@ def _watch(
         if returncode is not None:
             left = [f"  pid {pid}: {args[:160]}" for pid, args in sorted(remaining.items())]
         _signal_group(proc.pid, signal.SIGKILL)
+        _settle(proc.pid, KILL_WAIT_S)  # a SIGKILL takes effect a moment later, not at once
     return returncode, stuck, left

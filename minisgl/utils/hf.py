@@ -10,7 +10,10 @@ from typing import Any
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 
+@functools.lru_cache(maxsize=None)
 def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
+    """The model's tokenizer, loaded once per process and path: every caller shares it, so
+    none may change it."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if not getattr(tokenizer, "chat_template", None):
         # some repositories (Mistral's) keep the template in a file of its own
