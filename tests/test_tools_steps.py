@@ -108,7 +108,10 @@ def make_book(root: Path, overrides: Dict[str, Optional[str]] | None = None) -> 
     return root
 
 
-def check(root: Path, *numbers: int) -> tuple[int, str]:
+NOT_RERUN = "not rerun (they ran nothing that changed since they last ran)"
+
+
+def check(root: Path, *numbers: int | str) -> tuple[int, str]:
     proc = subprocess.run(
         [
             sys.executable,
@@ -469,17 +472,135 @@ def test_a_number_that_depends_on_the_machine_is_compared_within_its_tolerance(
 
 
 # ------------------------------------------------------------ carried-forward tests, selected
-def test_a_carried_forward_test_is_not_rerun_where_nothing_it_imports_changed(
+def test_a_carried_forward_test_reruns_only_where_something_it_reads_changed(
     tmp_path: Path,
 ) -> None:
     code, out = check(make_book(tmp_path))
     assert code == 0, out
-    # chapter 01 changed core.py, so test_ch00_core reran there; chapter 02 changed only util.py
-    assert "not rerun (no file they depend on changed since chapter 01): test_ch00_core.py" in out
-    assert "since chapter 00" not in out
+    # chapter 01 changed VALUE, which test_ch00_core reads, so it reran there; chapter 02
+    # changed only util.py
+    assert out.count("not rerun") == 1, out
+    assert f"{NOT_RERUN}: test_ch00_core.py (1)" in out
     # one chapter alone has no earlier chapter in its check: it runs everything
     code, out = check(make_book(tmp_path / "alone"), 2)
     assert code == 0 and "not rerun" not in out, out
+
+
+SELECTION_BOOK = {
+    "chapters/ch00/minisgl/ops.py": """
+        class Registry(dict):
+            def register(self, name):
+                def add(f):
+                    self[name] = f
+                    return f
+                return add
+
+        BACKENDS = Registry()
+
+        @BACKENDS.register("a")
+        def make_a():
+            return "a"
+
+        def used(x):
+            return x + 1
+
+        def unused(x):
+            return x * 2
+
+        def in_a_worker(x):
+            return x - 1
+        """,
+    "chapters/ch00/minisgl/side.py": "SIDE = 1\n",
+    "minisgl/ops.py": """
+        class Registry(dict):
+            def register(self, name):
+                def add(f):
+                    self[name] = f
+                    return f
+                return add
+
+        BACKENDS = Registry()
+
+        @BACKENDS.register("a")
+        def make_a():
+            return "a"
+
+        @BACKENDS.register("b")
+        def make_b():
+            return "b"
+
+        def used(x):
+            return x + 1
+
+        def unused(x):  # a body no test runs
+            return x * 3
+
+        def in_a_worker(x):  # the same result, another body
+            return x + 0 - 1
+        """,
+    "minisgl/side.py": "import sys\nsys.modules[__name__].SIDE = 2  # done at import\n",
+    "tests/test_ch00_unused.py": """
+        from minisgl.ops import used
+        def test_used():
+            assert used(1) == 2
+        """,
+    "tests/test_ch00_worker.py": """
+        import subprocess, sys
+        CODE = "from minisgl import ops; print(ops.in_a_worker(1))"
+        def test_in_a_worker():
+            out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True)
+            assert out.stdout.strip() == "0", out.stderr
+        """,
+    "tests/test_ch00_registry.py": """
+        from minisgl import ops
+        def test_first_backend():
+            assert ops.BACKENDS["a"]() == "a"
+        """,
+    "tests/test_ch00_side.py": """
+        import minisgl.side
+        def test_side():
+            assert minisgl.side.SIDE in (1, 2)
+        """,
+    "chapters/ch00/manifest.toml": """
+        chapter = 0
+        title = "zero"
+        main = "examples/ch00_main.py"
+        tests = ["tests/test_ch00_core.py", "tests/test_ch00_unused.py",
+                 "tests/test_ch00_worker.py", "tests/test_ch00_registry.py",
+                 "tests/test_ch00_side.py"]
+        creates = ["minisgl/__init__.py", "minisgl/core.py", "minisgl/ops.py",
+                   "minisgl/side.py"]
+        """,
+    "chapters/ch01/manifest.toml": """
+        chapter = 1
+        title = "one"
+        page = "docs/ch01.md"
+        main = "examples/ch01_main.py"
+        tests = ["tests/test_ch01_util.py"]
+        creates = ["minisgl/util.py"]
+        modifies = ["minisgl/core.py", "minisgl/ops.py", "minisgl/side.py"]
+        [prints]
+        mask = ['took [\\d.]+ s']
+        """,
+}
+
+
+def test_the_record_of_what_a_test_ran_decides_whether_it_reruns(tmp_path: Path) -> None:
+    """Chapter 01 changes a function no test runs (test_ch00_unused is not rerun), the body of
+    a function that only a worker process runs, an entry added to a registry, and a statement
+    a module runs at import (those three tests rerun)."""
+    keep = tmp_path / "kept"
+    code, out = check(make_book(tmp_path, SELECTION_BOOK), 0, 1, "--keep", str(keep))
+    assert code == 0, out
+    assert f"{NOT_RERUN}: test_ch00_unused.py (1)\n" in out, out
+    why = {
+        line.split("::")[0].removeprefix("tests/"): line.split(": ", 1)[1]
+        for line in (keep / "ch01" / "selection.txt").read_text().splitlines()
+    }
+    assert why["test_ch00_worker.py"] == "in_a_worker (minisgl/ops.py) changed"
+    assert why["test_ch00_registry.py"].endswith("something else now: BACKENDS")
+    assert why["test_ch00_side.py"].startswith("minisgl/side.py: a statement run at import")
+    assert "test_ch00_unused.py" not in why
 
 
 def test_a_fix_that_never_reached_a_later_version_of_its_file_still_fails(tmp_path: Path) -> None:

@@ -1,12 +1,12 @@
-"""Which files of a chapter's tree a test file depends on, read from the code.
+"""Which files of a chapter's tree a test file can bring in, read from the code.
 
-A carried-forward test file is rerun in a chapter only if that chapter changed a package file
-it depends on (BOOK.md, rule 6): otherwise its result there cannot differ from its result in
-the previous chapter of the same check. The dependencies are the closure of the file's
-imports over the tree, taken from the source (``ast``), with every import counted, at module
-level and inside functions, except those under ``if TYPE_CHECKING:``, which never run.
-Imports that the source does not spell out
-are covered by three rules that err on the side of rerunning:
+`tools/selection.py` uses this static reading twice: a test reruns if a module its file can
+import became opaque (it does something else at import), and the check verifies that every
+package module the tests' processes really loaded was predicted here. The dependencies are the
+closure of the file's imports over the tree, taken from the source (``ast``), with every import
+counted, at module level and inside functions, except those under ``if TYPE_CHECKING:``, which
+never run. Imports that the source does not spell out are covered by three rules that err on
+the side of including:
 
 * ``importlib.import_module(...)`` with a name that is not a constant depends on every module
   of the calling module's package (the model registry picks a module by architecture);
@@ -15,19 +15,13 @@ are covered by three rules that err on the side of rerunning:
   of the tree (``"examples/ch07_scheduler.py"``, as in ``load_example``) on that file;
 * a package module (not a package's ``__init__.py``) depends on the files that are not Python
   in its folder and below (kernel sources read at run time).
-
-`steps.py check` also verifies the reading: every ``minisgl`` module that the selected tests'
-processes actually loaded must be among the dependencies computed here.
 """
 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Set
-
-from tools.book import Book, Manifest
 
 
 def module_name(rel: str) -> Optional[str]:
@@ -180,45 +174,3 @@ def _is_import_module(node: ast.Call) -> bool:
     return (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
         isinstance(func, ast.Name) and func.id == "import_module"
     )
-
-
-@dataclass
-class Selection:
-    """Which test files a chapter runs: its own, and the carried-forward ones whose package
-    dependencies (tools/deps.py) the chapter changed since `since`, the previous chapter of
-    the same check; all of them when `since` is None."""
-
-    run: List[str]
-    unchanged: List[str]
-    predicted: Set[str]  # every package file the files in `run` depend on
-
-    def unpredicted(self, loaded: Path) -> List[str]:
-        """A package file that the tests' processes loaded but that no selected test file
-        depends on, by tools/deps.py's reading, means that reading missed an import."""
-        seen: Set[str] = set()
-        for record in loaded.glob("*.txt"):
-            seen.update(line for line in record.read_text().splitlines() if line)
-        missed = sorted(seen - self.predicted)
-        if not missed:
-            return []
-        return [
-            f"the tests loaded {', '.join(missed)}, which tools/deps.py did not count among "
-            f"their dependencies: it would skip them wrongly when only those files change"
-        ]
-
-
-def select_tests(
-    book: Book, chapter: Manifest, tree: Path, tests: List[str], since: Optional[int]
-) -> Selection:
-    graph = ImportGraph(tree, book.package)
-    shared = ["tests/conftest.py", *(f for f in graph.files if f.startswith("tests/support/"))]
-    changed = set(book.changed_files(since, chapter.number)) if since is not None else None
-    run, unchanged, predicted = [], [], set()
-    for test in tests:
-        deps = graph.package_dependencies([test, *shared])
-        if changed is None or test in chapter.tests or deps & changed:
-            run.append(test)
-            predicted |= deps
-        else:
-            unchanged.append(test)
-    return Selection(run, unchanged, predicted)

@@ -23,12 +23,12 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script: `python tools/steps.py`
@@ -36,10 +36,10 @@ if str(REPO_ROOT) not in sys.path:  # run as a script: `python tools/steps.py`
 
 from tools import supervise  # noqa: E402
 from tools.book import Book, BookError, Manifest  # noqa: E402
-from tools.deps import select_tests  # noqa: E402
 from tools.isolation import isolated_env  # noqa: E402
 from tools.new_chapter import open_chapter  # noqa: E402
 from tools.prints import PRINTS_RE, compare, normalise  # noqa: E402
+from tools.selection import Selector  # noqa: E402
 
 PARITY_RE = re.compile(
     r"^parity: models=(?P<models>\d+) prompts=(?P<prompts>\d+) "
@@ -86,8 +86,8 @@ class TestCounts:
     passed: int = 0
     failed: int = 0
     skipped: List[str] = field(default_factory=list)  # "test id: reason", one per skipped test
-    files_run: int = 0
-    unchanged: List[str] = field(default_factory=list)  # carried-forward files not rerun
+    files_run: int = 0  # test files with at least one test run
+    not_rerun: Dict[str, int] = field(default_factory=dict)  # test file -> tests not rerun
 
 
 @dataclass
@@ -102,6 +102,7 @@ class Row:
     tests_seconds: float = 0.0
     problems: List[str] = field(default_factory=list)
     stdout: str = ""
+    chapter_tests: List[str] = field(default_factory=list)  # test files at this chapter
 
     @property
     def ok(self) -> bool:
@@ -180,25 +181,29 @@ def _tail(text: str, lines: int) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def run_chapter(
+def _start_tree(book: Book, chapter: Manifest, what: str) -> Tuple[Path, Path]:
+    work = Path(tempfile.mkdtemp(prefix=f"minisgl-ch{chapter.label}-{what}-"))
+    return work, book.build(chapter.number, work / "tree")
+
+
+def _finish_tree(work: Path, keep: Optional[Path], chapter: Manifest) -> None:
+    if keep is not None:
+        shutil.copytree(work, keep / f"ch{chapter.label}", dirs_exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def run_main(
     book: Book,
-    number: int,
+    row: Row,
     keep: Optional[Path] = None,
     verbose: bool = False,
-    run_tests: bool = True,
     check_prints: bool = True,
     threads: Optional[int] = None,
-    since: Optional[int] = None,
-) -> Row:
-    """Build chapter `number`'s tree, run its main and its tests there. With `since`, the
-    previous chapter of the same check, carried-forward test files whose dependencies did
-    not change since then are not rerun."""
-    chapter = book.chapter(number)
-    row = Row(chapter)
-    begin = time.perf_counter()
-    work = Path(tempfile.mkdtemp(prefix=f"minisgl-ch{chapter.label}-"))
+) -> None:
+    """Build the chapter's tree and run its main there; fill in `row`."""
+    chapter, number = row.chapter, row.chapter.number
+    work, tree = _start_tree(book, chapter, "main")
     try:
-        tree = book.build(number, work / "tree")
         row.files = len(book.package_files(number))
         env = isolated_env(book.package, number, tree, threads)
         main = supervise.run([sys.executable, chapter.main], tree, env, chapter.timeout)
@@ -225,48 +230,106 @@ def run_chapter(
                 row.problems.append(f"parity with transformers failed: {row.parity}")
         if row.main_ok and check_prints:
             row.problems.extend(stale_prints(book, chapter, main.stdout))
-        tests = book.tests_at(number) if run_tests else []
-        selection = select_tests(book, chapter, tree, tests, since)
-        if selection.run:
-            junit, loaded = work / "junit.xml", work / "loaded"
-            loaded.mkdir()
-            pytest = supervise.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pytest",
-                    "-q",
-                    "-p",
-                    "no:cacheprovider",
-                    "-rfEs",
-                    f"--junitxml={junit}",
-                    "--rootdir",
-                    str(tree),
-                    *selection.run,
-                ],
-                tree,
-                {**env, "MINISGL_BOOK_LOADED": str(loaded)},
-                chapter.timeout,
+    finally:
+        _finish_tree(work, keep, chapter)
+
+
+def run_chapter_tests(
+    book: Book,
+    row: Row,
+    selector: Selector,
+    everything: bool,
+    keep: Optional[Path] = None,
+    threads: Optional[int] = None,
+) -> None:
+    """Build the chapter's tree and run the tests `selector` chooses there (all of them when
+    `everything`), recording what each one runs for the chapters after it; fill in `row`."""
+    chapter, number = row.chapter, row.chapter.number
+    work, tree = _start_tree(book, chapter, "tests")
+    try:
+        row.chapter_tests = book.tests_at(number)
+        selection = selector.select(chapter, tree, row.chapter_tests, everything)
+        row.tests.files_run, row.tests.not_rerun = selection.files_run, selection.not_rerun
+        if keep is not None:
+            (work / "selection.txt").write_text(
+                "".join(f"{n}: {'; '.join(why)}\n" for n, why in sorted(selection.reasons.items()))
             )
-            row.tests, row.tests_seconds = junit_counts(junit), pytest.seconds
-            row.tests.files_run, row.tests.unchanged = len(selection.run), selection.unchanged
-            row.problems.extend(pytest.report("the tests", chapter.timeout))
-            row.problems.extend(selection.unpredicted(loaded))
-            if pytest.returncode not in (0, None):
-                output = pytest.stdout + pytest.stderr
-                notes = explain_import_failure(book, number, output)
-                row.problems.append(
-                    f"tests failed (pytest exit code {pytest.returncode})"
-                    + "".join(f"\n  {n}" for n in notes)
-                    + f"\n{_tail(output, 40)}"
-                )
-            elif pytest.returncode == 0 and row.tests.passed == 0:
-                row.problems.append("no tests ran")
+        if not selection.arguments:
+            return
+        junit, loaded, record = work / "junit.xml", work / "loaded", work / "record"
+        loaded.mkdir()
+        record.mkdir()
+        env = {
+            **isolated_env(book.package, number, tree, threads),
+            "MINISGL_BOOK_LOADED": str(loaded),
+            "MINISGL_BOOK_RECORD": str(record),
+        }
+        pytest = supervise.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "book_record_plugin",
+                "-rfEs",
+                f"--junitxml={junit}",
+                "--rootdir",
+                str(tree),
+                *selection.arguments,
+            ],
+            tree,
+            env,
+            chapter.timeout,
+        )
+        selector.remember(record, number)
+        row.tests.passed, row.tests.failed, row.tests.skipped = _counts(junit)
+        row.tests_seconds = pytest.seconds
+        row.problems.extend(pytest.report("the tests", chapter.timeout))
+        row.problems.extend(selection.unpredicted(loaded))
+        if pytest.returncode not in (0, None):
+            output = pytest.stdout + pytest.stderr
+            notes = explain_import_failure(book, number, output)
+            row.problems.append(
+                f"tests failed (pytest exit code {pytest.returncode})"
+                + "".join(f"\n  {n}" for n in notes)
+                + f"\n{_tail(output, 40)}"
+            )
+        elif pytest.returncode == 0 and row.tests.passed == 0:
+            row.problems.append("no tests ran")
+    finally:
+        _finish_tree(work, keep, chapter)
+
+
+def _counts(junit: Path) -> Tuple[int, int, List[str]]:
+    counts = junit_counts(junit)
+    return counts.passed, counts.failed, counts.skipped
+
+
+def run_chapter(
+    book: Book,
+    number: int,
+    keep: Optional[Path] = None,
+    verbose: bool = False,
+    run_tests: bool = True,
+    check_prints: bool = True,
+    threads: Optional[int] = None,
+    selector: Optional[Selector] = None,
+) -> Row:
+    """Check one chapter: its main, then its tests. With a `selector` that holds the records
+    of earlier chapters of the same check, carried-forward tests that ran nothing the chapter
+    changed are not rerun; without one, every test runs."""
+    row = Row(book.chapter(number))
+    begin = time.perf_counter()
+    try:
+        run_main(book, row, keep, verbose, check_prints, threads)
+        if run_tests:
+            everything = selector is None
+            run_chapter_tests(book, row, selector or Selector(book), everything, keep, threads)
     finally:
         row.seconds = time.perf_counter() - begin
-        if keep is not None:
-            shutil.copytree(work, keep / f"ch{chapter.label}", dirs_exist_ok=True)
-        shutil.rmtree(work, ignore_errors=True)
     return row
 
 
@@ -289,7 +352,7 @@ def format_table(rows: Iterable[Row]) -> str:
             f", {r.tests.failed} failed" if r.tests.failed else ""
         )
         tests += f", {len(r.tests.skipped)} skipped" if r.tests.skipped else ""
-        files_run = f"{r.tests.files_run} of {r.tests.files_run + len(r.tests.unchanged)}"
+        files_run = f"{r.tests.files_run} of {len(r.chapter_tests)}"
         parity = str(r.parity) if r.parity else ("-" if not r.chapter.parity else "none")
         margin = f"{r.parity.margin:.4f}" if r.parity else "-"
         lines.append(
@@ -312,6 +375,37 @@ def format_table(rows: Iterable[Row]) -> str:
     return "\n".join([fmt.format(*header), rule] + [fmt.format(*line) for line in lines])
 
 
+class _Plan:
+    """The order of a check's work on `jobs` workers. The mains are independent; the tests
+    go in chapter order, since each chapter chooses its tests from what the earlier chapters'
+    tests ran. A free worker takes the next chapter's tests if it is their turn, else a main
+    (the later chapters' first: they take longest)."""
+
+    def __init__(self, chosen: List[int], mains: bool, tests: bool) -> None:
+        self.mains = sorted(chosen, reverse=True) if mains else []
+        self.tests = sorted(chosen) if tests else []
+        self.tests_busy = False
+        self.cond = threading.Condition()
+
+    def take(self) -> Optional[Tuple[str, int]]:
+        with self.cond:
+            while True:
+                if self.tests and not self.tests_busy:
+                    self.tests_busy = True
+                    return "tests", self.tests.pop(0)
+                if self.mains:
+                    return "main", self.mains.pop(0)
+                if not self.tests and not self.tests_busy:
+                    return None
+                self.cond.wait()
+
+    def done(self, kind: str) -> None:
+        with self.cond:
+            if kind == "tests":
+                self.tests_busy = False
+            self.cond.notify_all()
+
+
 def cmd_check(
     book: Book,
     numbers: List[int],
@@ -331,27 +425,12 @@ def cmd_check(
     for p in problems:
         print(f"  - {p}")
     chosen = numbers or [m.number for m in book.chapters]
-    jobs = 1 if verbose else max(1, min(jobs, len(chosen)))  # -v shows the mains' output in order
-
-    def check_one(n: int) -> Row:
-        # a carried-forward test may skip a chapter only if it ran in the chapter before it,
-        # in this same check, with the same dependencies
-        before = book.previous(n)
-        since = (
-            before.number
-            if before is not None and before.number in chosen and not all_tests
-            else None
-        )
-        return run_chapter(
-            book,
-            n,
-            keep=keep,
-            verbose=verbose,
-            run_tests=not mains_only,
-            check_prints=check_prints,
-            threads=1 if jobs > 1 else None,
-            since=since,
-        )
+    jobs = 1 if verbose else max(1, min(jobs, 2 * len(chosen)))  # -v shows mains in order
+    threads = 1 if jobs > 1 else None
+    rows = {n: Row(book.chapter(n)) for n in chosen}
+    selector = Selector(book)
+    pending = {n: (0 if mains_only else 1) + 1 for n in chosen}  # parts left per chapter
+    lock = threading.Lock()
 
     def report(row: Row) -> None:
         state = "ok" if row.ok else "FAILED"
@@ -363,34 +442,74 @@ def cmd_check(
             print(f"  - {p}")
         for skipped in row.tests.skipped:
             print(f"  skipped {skipped}")
-        if row.tests.unchanged:
-            print(
-                f"  not rerun (no file they depend on changed since chapter "
-                f"{book.previous(row.chapter.number).label}): "
-                f"{', '.join(Path(t).name for t in row.tests.unchanged)}"
-            )
+        if row.tests.not_rerun:
+            listed = ", ".join(f"{Path(t).name} ({k})" for t, k in row.tests.not_rerun.items())
+            print(f"  not rerun (they ran nothing that changed since they last ran): {listed}")
 
+    def work(kind: str, n: int) -> None:
+        row = rows[n]
+        if kind == "main":
+            run_main(book, row, keep, verbose, check_prints, threads)
+        else:
+            run_chapter_tests(book, row, selector, all_tests, keep, threads)
+        with lock:
+            pending[n] -= 1
+            if pending[n] == 0:
+                row.seconds = row.main_seconds + row.tests_seconds
+                report(row)
+
+    plan = _Plan(chosen, mains=True, tests=not mains_only)
     if jobs == 1:
-        rows = []
         for n in chosen:
             print(f"chapter {n:02d}: {book.chapter(n).title} ...", flush=True)
-            rows.append(check_one(n))
-            report(rows[-1])
+            work("main", n)
+            if not mains_only:
+                work("tests", n)
     else:
-        print(f"checking {len(chosen)} chapters, {jobs} at a time, one thread each", flush=True)
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            # the longest chapters (the last ones) first, so none is left running alone at the end
-            futures = {n: pool.submit(check_one, n) for n in sorted(chosen, reverse=True)}
-            try:
-                for future in as_completed(futures.values()):
-                    report(future.result())
-            except KeyboardInterrupt:  # before the pool waits for its threads' commands
-                supervise.stop_everything()
-                raise
-        rows = [futures[n].result() for n in chosen]
+        if len(chosen) == 1:
+            print(
+                f"chapter {chosen[0]:02d}: {book.chapter(chosen[0]).title}: its main and its "
+                "tests side by side, one thread each ...",
+                flush=True,
+            )
+        else:
+            print(
+                f"checking {len(chosen)} chapters with {jobs} workers, one thread each: the "
+                "mains side by side, the tests in chapter order",
+                flush=True,
+            )
+        errors: List[BaseException] = []
+
+        def worker() -> None:
+            while not errors:
+                task = plan.take()
+                if task is None:
+                    return
+                try:
+                    work(*task)
+                except BaseException as e:  # noqa: BLE001 - reported below, after the others stop
+                    errors.append(e)
+                    supervise.stop_everything()
+                finally:
+                    plan.done(task[0])
+
+        workers = [threading.Thread(target=worker, daemon=True) for _ in range(jobs)]
+        for t in workers:
+            t.start()
+        try:
+            for t in workers:
+                while t.is_alive():
+                    t.join(0.5)
+        except KeyboardInterrupt:  # before the workers wait for their commands
+            errors.append(KeyboardInterrupt())
+            supervise.stop_everything()
+            raise
+        if errors:
+            raise errors[0]
+    ordered = [rows[n] for n in chosen]
     print()
-    print(format_table(rows))
-    failed = bool(problems) or any(not r.ok for r in rows)
+    print(format_table(ordered))
+    failed = bool(problems) or any(not r.ok for r in ordered)
     print("\nFAILED" if failed else "\nall chapters passed")
     return 1 if failed else 0
 

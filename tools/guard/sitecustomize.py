@@ -6,6 +6,8 @@ folder first on PYTHONPATH; processes that the run starts inherit it).
   process that loaded a ``minisgl`` module from elsewhere fails with exit code 86.
 * A record of what ran: when $MINISGL_BOOK_LOADED names a folder, the process writes the
   files of the package modules it loaded to <folder>/<pid>.txt at exit.
+* What each test ran: when $MINISGL_BOOK_RECORD names a folder, the package's functions
+  report their first call (book_record.py), for tools/steps.py to choose what to rerun.
 * Stacks on request: when $MINISGL_BOOK_STACKS names a folder, SIGUSR1 makes this process
   write the stack of each of its threads to <folder>/<pid>.txt, even while it is blocked
   inside C code (tools/supervise.py asks for them before it kills a run that hangs).
@@ -73,6 +75,11 @@ def _at_exit():
 
 
 atexit.register(_at_exit)
+
+if os.environ.get("MINISGL_BOOK_RECORD"):  # tools/steps.py records what each test runs
+    import book_record
+
+    book_record.install(_TREE, _PKG, os.environ["MINISGL_BOOK_RECORD"])
 
 if os.environ.get("MINISGL_BOOK_STACKS") and hasattr(signal, "SIGUSR1"):
     _STACKS = open(os.path.join(os.environ["MINISGL_BOOK_STACKS"], f"{os.getpid()}.txt"), "w")

@@ -1,0 +1,228 @@
+"""Which carried-forward tests a chapter reruns, from what each one ran where it last ran.
+
+BOOK.md, rule 6: a carried-forward test may skip a later chapter whose tree cannot change its
+result. `tools/steps.py check` records, in every chapter it tests, which functions of the
+package each test ran (tools/guard/book_record.py), in pytest's process and in every worker it
+started. In a later chapter of the same check, a test reruns if, since the chapter where it last
+ran, the tree changed (tools/changes.py):
+
+* the body of a function it ran,
+* what a name means that its code reads (the functions it ran, its test file and the
+  non-package files that file imports),
+* or something a module it can import does at import time;
+
+or if it did not pass there. A test file whose collection ran something that changed reruns
+whole, since it might now hold other tests. A chapter's own test files always run whole, and
+so does every test of a chapter checked without the chapter before it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+from tools.book import Book, Manifest
+from tools.changes import ModuleSummary, TreeChange, names_in, summarise, tree_change
+from tools.deps import ImportGraph
+
+Function = Tuple[str, str]  # (package file, top-level qualname)
+
+
+@dataclass
+class TestRecord:
+    chapter: int  # where it last ran
+    outcome: str  # "passed", "failed" or "skipped"
+    ran: Set[Function]
+    collect: Set[Function]  # what ran while its file was collected (and before)
+
+
+def _read_workers(folder: Path) -> List[Tuple[float, float, Set[Function]]]:
+    """(start, end, functions) of every worker process of the run; a worker that was killed
+    wrote no end and counts as alive until the end of the run."""
+    workers = []
+    for path in sorted(folder.glob("*.hits")):
+        start, end, ran = math.inf, math.inf, set()
+        for line in path.read_text(errors="replace").splitlines():
+            kind, _, rest = line.partition(" ")
+            if kind == "S":
+                start = min(start, float(rest))
+            elif kind == "E":
+                end = float(rest)
+            elif kind == "H" and "\t" in rest:
+                file, qualname = rest.split("\t", 1)
+                ran.add((file, qualname))
+        if ran:
+            workers.append((start, end, ran))
+    return workers
+
+
+def read_records(folder: Path, chapter: int) -> Dict[str, TestRecord]:
+    """The records that one chapter's test run left in `folder` (empty if it wrote none)."""
+    path = folder / "tests.json"
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    collect = {tuple(f) for f in data["collect"]}
+    fixtures = {k: {tuple(f) for f in v} for k, v in data["fixtures"].items()}
+    workers = _read_workers(folder)
+    records = {}
+    for nodeid, entry in data["tests"].items():
+        ran: Set[Function] = {tuple(f) for f in entry["ran"]}  # type: ignore[misc]
+        for key in entry["fixtures"]:
+            ran |= fixtures.get(key, set())
+        for start, end, functions in workers:
+            if start <= entry["end"] and end >= entry["start"]:
+                ran |= functions
+        records[nodeid] = TestRecord(chapter, entry["outcome"], ran, collect)  # type: ignore[arg-type]
+    return records
+
+
+@dataclass
+class Selection:
+    """What a chapter runs: whole test files, and single tests of the others."""
+
+    whole: List[str] = field(default_factory=list)
+    tests: List[str] = field(default_factory=list)  # pytest node ids
+    not_rerun: Dict[str, int] = field(default_factory=dict)  # test file -> tests it skipped
+    reasons: Dict[str, List[str]] = field(default_factory=dict)  # node id -> why it reruns
+    predicted: Set[str] = field(default_factory=set)  # package files the run may import
+
+    @property
+    def arguments(self) -> List[str]:
+        return [*self.whole, *self.tests]
+
+    @property
+    def files_run(self) -> int:
+        return len(self.whole) + len({t.split("::")[0] for t in self.tests})
+
+    def unpredicted(self, loaded: Path) -> List[str]:
+        """A package file the tests' processes loaded that the static reading of their imports
+        (tools/deps.py) did not predict: that reading missed an import."""
+        seen: Set[str] = set()
+        for record in loaded.glob("*.txt"):
+            seen.update(line for line in record.read_text().splitlines() if line)
+        missed = sorted(seen - self.predicted)
+        if not missed:
+            return []
+        return [
+            f"the tests loaded {', '.join(missed)}, which tools/deps.py did not count among "
+            f"their dependencies: a change there would not be seen"
+        ]
+
+
+class Selector:
+    """Keeps the records of one check and chooses each chapter's tests from them."""
+
+    def __init__(self, book: Book) -> None:
+        self.book = book
+        self.records: Dict[str, TestRecord] = {}  # node id -> its last record
+        self.nodes: Dict[str, List[str]] = {}  # test file -> its node ids, as last collected
+        self._changes: Dict[Tuple[int, int], TreeChange] = {}
+        self._summaries: Dict[Tuple[int, str], Optional[ModuleSummary]] = {}
+        self._file_names: Dict[str, Set[str]] = {}
+
+    # ----------------------------------------------------------------- records
+    def remember(self, folder: Path, chapter: int) -> None:
+        records = read_records(folder, chapter)
+        by_file: Dict[str, List[str]] = {}
+        for nodeid in records:
+            by_file.setdefault(nodeid.split("::")[0], []).append(nodeid)
+        self.nodes.update(by_file)
+        self.records.update(records)
+
+    # ----------------------------------------------------------------- changes
+    def _sources(self, chapter: int) -> Dict[str, str]:
+        return {
+            p: f.read_text(errors="replace") for p, f in self.book.package_files(chapter).items()
+        }
+
+    def change(self, before: int, after: int) -> TreeChange:
+        key = (before, after)
+        if key not in self._changes:
+            self._changes[key] = tree_change(self._sources(before), self._sources(after))
+        return self._changes[key]
+
+    def _summary(self, chapter: int, file: str) -> Optional[ModuleSummary]:
+        key = (chapter, file)
+        if key not in self._summaries:
+            path = self.book.package_files(chapter).get(file)
+            self._summaries[key] = (
+                summarise(path.read_text(errors="replace"), file)
+                if path is not None and file.endswith(".py")
+                else None
+            )
+        return self._summaries[key]
+
+    def _reads(self, record: TestRecord, outside: Set[str]) -> Set[str]:
+        reads = set(outside)
+        for file, qualname in record.ran | record.collect:
+            summary = self._summary(record.chapter, file)
+            function = summary.functions.get(qualname) if summary is not None else None
+            if function is not None:
+                reads |= function.reads
+        return reads
+
+    def _names_outside(self, tree: Path, files: Iterable[str]) -> Set[str]:
+        """What the non-package files a test file brings in read (its own code, conftest,
+        tests/support, tools/...): their whole text, since their functions are not recorded."""
+        names: Set[str] = set()
+        for rel in files:
+            if rel not in self._file_names:
+                try:
+                    self._file_names[rel] = names_in([ast.parse((tree / rel).read_text())])
+                except (OSError, SyntaxError):
+                    self._file_names[rel] = set()
+            names |= self._file_names[rel]
+        return names
+
+    # ----------------------------------------------------------------- choosing
+    def select(
+        self, chapter: Manifest, tree: Path, test_files: List[str], everything: bool
+    ) -> Selection:
+        """The tests chapter `chapter` runs (every one of them when `everything`)."""
+        graph = ImportGraph(tree, self.book.package)
+        shared = ["tests/conftest.py", *(f for f in graph.files if f.startswith("tests/support/"))]
+        selection = Selection()
+        for test_file in test_files:
+            closure = graph.closure([test_file, *shared])
+            package = {f for f in closure if f.startswith(self.book.package + "/")}
+            nodes = self.nodes.get(test_file, [])
+            if everything or test_file in chapter.tests or not nodes:
+                selection.whole.append(test_file)
+                selection.predicted |= package
+                continue
+            outside = self._names_outside(
+                tree, [f for f in closure if f.endswith(".py") and f not in package]
+            )
+            rerun = {}
+            for nodeid in nodes:
+                record = self.records[nodeid]
+                if record.outcome != "passed":
+                    rerun[nodeid] = [f"it {record.outcome} in chapter {record.chapter:02d}"]
+                    continue
+                change = self.change(record.chapter, chapter.number)
+                why = change.reasons(
+                    record.ran | record.collect, self._reads(record, outside), package
+                )
+                if why:
+                    rerun[nodeid] = why
+            collect_changed = any(
+                self.change(self.records[n].chapter, chapter.number).reasons(
+                    self.records[n].collect, set(), set()
+                )
+                for n in nodes[:1]
+            )
+            if collect_changed or len(rerun) == len(nodes):
+                selection.whole.append(test_file)
+            else:
+                selection.tests.extend(n for n in nodes if n in rerun)
+                if len(rerun) < len(nodes):
+                    selection.not_rerun[test_file] = len(nodes) - len(rerun)
+            if rerun:
+                selection.predicted |= package
+            selection.reasons.update(rerun)
+        return selection
