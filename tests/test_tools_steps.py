@@ -12,7 +12,9 @@ from typing import Dict, Optional
 
 import pytest
 
+from tools import supervise
 from tools.book import Book
+from tools.preload import Preloader
 from tools.prints import mask_output
 from tools.steps import main, parse_parity, run_chapter
 
@@ -111,7 +113,9 @@ def make_book(root: Path, overrides: Dict[str, Optional[str]] | None = None) -> 
 NOT_RERUN = "not rerun (they ran nothing that changed since they last ran)"
 
 
-def check(root: Path, *numbers: int | str) -> tuple[int, str]:
+def check(root: Path, *numbers: int | str, preload: bool = False) -> tuple[int, str]:
+    """`steps.py check` on a fixture book; its mains and tests start as fresh interpreters
+    unless `preload` (tools/preload.py pays 4 s of imports once, a loss on these tiny books)."""
     proc = subprocess.run(
         [
             sys.executable,
@@ -120,6 +124,7 @@ def check(root: Path, *numbers: int | str) -> tuple[int, str]:
             str(root),
             "check",
             *map(str, numbers),
+            *([] if preload else ["--no-preload"]),
         ],
         capture_output=True,
         text=True,
@@ -303,11 +308,11 @@ def test_chapters_side_by_side_report_what_one_at_a_time_reports(tmp_path: Path)
         tmp_path, {"tests/test_ch00_core.py": "def test_broken():\n    assert 1 == 2\n"}
     )
     tables = []
-    for jobs in ("1", "2"):
-        code, out = check(root, "--jobs", jobs)  # type: ignore[arg-type]
+    for jobs, preload in (("1", False), ("2", True)):  # and forked from the preloader
+        code, out = check(root, "--jobs", jobs, preload=preload)
         assert code != 0 and "tests failed" in out, out  # chapter 00's failure is not lost
         rows = [line.split() for line in out.splitlines() if line[:3] in ("00 ", "01 ", "02 ")]
-        tables.append([r[:-2] + r[-1:] for r in rows])  # all but the seconds
+        tables.append([r[:-3] + r[-1:] for r in rows])  # all but the seconds
     assert tables[0] == tables[1] and [r[0] for r in tables[1]] == ["00", "01", "02"]
     assert tables[1][0][-1] == "FAIL"
 
@@ -397,7 +402,8 @@ def is_gone(pid: int) -> bool:
         return True
 
 
-def test_a_hung_main_and_its_child_are_killed_and_reported(tmp_path: Path) -> None:
+@pytest.mark.parametrize("preload", [False, True], ids=["fresh", "preloaded"])
+def test_a_hung_main_and_its_child_are_killed_and_reported(tmp_path: Path, preload: bool) -> None:
     root = make_book(
         tmp_path,
         {
@@ -409,7 +415,14 @@ def test_a_hung_main_and_its_child_are_killed_and_reported(tmp_path: Path) -> No
         },
     )
     keep = tmp_path / "kept"
-    row = run_chapter(Book(root), 0, keep=keep)
+    preloader = Preloader.start() if preload else None
+    supervise.use_preloader(preloader)
+    try:
+        row = run_chapter(Book(root), 0, keep=keep)
+    finally:
+        supervise.use_preloader(None)
+        if preloader is not None:
+            preloader.stop()
     report = "\n".join(row.problems)
     assert "main examples/ch00_main.py ran past its 8 s" in report, report
     # each process is named with its command line and the stack where it waited

@@ -38,6 +38,7 @@ from tools import supervise  # noqa: E402
 from tools.book import Book, BookError, Manifest  # noqa: E402
 from tools.isolation import isolated_env  # noqa: E402
 from tools.new_chapter import open_chapter  # noqa: E402
+from tools.preload import Preloader  # noqa: E402
 from tools.prints import PRINTS_RE, compare, normalise  # noqa: E402
 from tools.selection import Selector  # noqa: E402
 
@@ -415,6 +416,27 @@ def cmd_check(
     check_prints: bool = True,
     jobs: int = 1,
     all_tests: bool = False,
+    preload: bool = True,
+) -> int:
+    preloader = Preloader.start() if preload else None
+    supervise.use_preloader(preloader)
+    try:
+        return _check(book, numbers, keep, verbose, mains_only, check_prints, jobs, all_tests)
+    finally:
+        supervise.use_preloader(None)
+        if preloader is not None:
+            preloader.stop()
+
+
+def _check(
+    book: Book,
+    numbers: List[int],
+    keep: Optional[Path],
+    verbose: bool,
+    mains_only: bool,
+    check_prints: bool,
+    jobs: int,
+    all_tests: bool,
 ) -> int:
     problems = book.verify()
     print(
@@ -596,6 +618,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="chapters checked side by side, each with one thread (default: 2, or 1 on one core)",
     )
     p_check.add_argument(
+        "--no-preload",
+        action="store_true",
+        help="start every main and test run as a fresh interpreter (tools/preload.py forks "
+        "them from one that imported torch, transformers and pytest once)",
+    )
+    p_check.add_argument(
         "--no-prints",
         action="store_true",
         help="do not compare the mains' output with the pages (other devices print other things)",
@@ -631,6 +659,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 not args.no_prints,
                 args.jobs,
                 args.all_tests,
+                not args.no_preload,
             )
         if args.command == "diff":
             return cmd_diff(book, args.a, args.b)

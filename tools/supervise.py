@@ -23,7 +23,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
+
+from tools.preload import PRELOADER_MARK, PreloadedProcess, Preloader
 
 STACKS_ENV = "MINISGL_BOOK_STACKS"  # the folder where each process writes its stacks on SIGUSR1
 SETTLE_S = 3.0  # how long the group may take to wind down after its leader exited
@@ -108,12 +110,33 @@ def _settle(pgid: int, seconds: float) -> Dict[int, str]:
 
 
 def _describe(pid: int, args: str, stacks: Path) -> str:
-    text = f"  pid {pid}: {args[:160]}"
     dump = stacks / f"{pid}.txt"
-    if dump.exists():
-        lines = [line for line in dump.read_text(errors="replace").splitlines()[1:] if line.strip()]
-        text += "".join(f"\n      {line.strip()}" for line in lines[:40])
-    return text
+    lines = dump.read_text(errors="replace").splitlines() if dump.exists() else []
+    if lines and PRELOADER_MARK in args:  # forked by tools/preload.py: its own argv says more
+        args = lines[0]
+    text = f"  pid {pid}: {args[:160]}"
+    stack = [line for line in lines[1:] if line.strip()]
+    return text + "".join(f"\n      {line.strip()}" for line in stack[:40])
+
+
+_PRELOADER: Optional[Preloader] = None
+
+
+def use_preloader(preloader: Optional[Preloader]) -> None:
+    """Start Python commands from `preloader` (tools/preload.py) from now on; None: fresh."""
+    global _PRELOADER
+    _PRELOADER = preloader
+
+
+def _start(
+    cmd: Sequence[str], cwd: Path, env: Dict[str, str], out_path: Path, err_path: Path
+) -> Union[subprocess.Popen, PreloadedProcess]:
+    if _PRELOADER is not None and _PRELOADER.handles(cmd):
+        return _PRELOADER.spawn(cmd, cwd, env, out_path, err_path)
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        return subprocess.Popen(
+            list(cmd), cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True
+        )
 
 
 def run(cmd: Sequence[str], cwd: Path, env: Dict[str, str], timeout: float) -> Outcome:
@@ -125,27 +148,24 @@ def run(cmd: Sequence[str], cwd: Path, env: Dict[str, str], timeout: float) -> O
         stacks.mkdir()
         env = {**env, STACKS_ENV: str(stacks)}
         out_path, err_path = Path(work) / "stdout", Path(work) / "stderr"
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(
-                list(cmd), cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True
-            )
+        proc = _start(cmd, cwd, env, out_path, err_path)
+        with _RUNNING_LOCK:
+            _RUNNING.add(proc.pid)
+        try:
+            returncode, stuck, left = _watch(proc, timeout, stacks)
+        except BaseException:  # Ctrl-C or SIGTERM while it ran: nothing may outlive us
+            _signal_group(proc.pid, signal.SIGKILL)
+            raise
+        finally:
             with _RUNNING_LOCK:
-                _RUNNING.add(proc.pid)
-            try:
-                returncode, stuck, left = _watch(proc, timeout, stacks)
-            except BaseException:  # Ctrl-C or SIGTERM while it ran: nothing may outlive us
-                _signal_group(proc.pid, signal.SIGKILL)
-                raise
-            finally:
-                with _RUNNING_LOCK:
-                    _RUNNING.discard(proc.pid)
+                _RUNNING.discard(proc.pid)
         stdout = out_path.read_text(errors="replace")
         stderr = err_path.read_text(errors="replace")
     return Outcome(returncode, stdout, stderr, time.perf_counter() - begin, stuck, left)
 
 
 def _watch(
-    proc: subprocess.Popen, timeout: float, stacks: Path
+    proc: Union[subprocess.Popen, PreloadedProcess], timeout: float, stacks: Path
 ) -> Tuple[Optional[int], List[str], List[str]]:
     """Wait for the command; (its exit code or None if it ran too long, who was stuck and
     where, who was left behind). Its group is empty afterwards."""
