@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from queue import Empty
 from multiprocessing.process import BaseProcess
+from queue import Empty
 from typing import Iterator, Protocol, Sequence, TypeVar
 
 T = TypeVar("T", covariant=True)
