@@ -36,8 +36,8 @@ from tools.parity import Case, book_dtype, build_prompts, run_parity_cases  # no
 TP_SIZES: Dict[str, List[int]] = {
     "tiny-qwen3": [2, 4],
     "tiny-qwen2": [2],
-    "tiny-llama3": [2, 4],
-    "tiny-mistral": [2, 4],
+    "tiny-llama3": [2],
+    "tiny-mistral": [4],  # one key/value head: each rank keeps a copy
     SMOLLM2: [3],
 }
 NEW_TOKENS = 32

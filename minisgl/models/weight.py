@@ -71,6 +71,12 @@ def _shard_tensor(name: str, tensor: torch.Tensor, tp: DistributedInfo, num_kv_h
     return tensor
 
 
+def _num_kv_heads(model_path: str) -> int:
+    from .config import ModelConfig
+
+    return ModelConfig.from_hf(cached_load_hf_config(model_path)).num_kv_heads
+
+
 def _checkpoint_files(folder: str) -> list[str]:
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     # Mistral repositories ship a second, "consolidated" copy in another naming scheme
@@ -83,11 +89,9 @@ def _checkpoint_files(folder: str) -> list[str]:
 def load_weight(model_path: str, device: torch.device) -> Iterator[Tuple[str, torch.Tensor]]:
     """Yield (name, tensor) in our model's naming, this rank's part, merged, on `device`, one
     at a time."""
-    from .config import ModelConfig
-
     folder = download_hf_weight(model_path)
     tp = tp_info_or_one()
-    num_kv_heads = ModelConfig.from_hf(cached_load_hf_config(model_path)).num_kv_heads
+    num_kv_heads = _num_kv_heads(model_path) if tp.size > 1 else 0  # used to cut k and v
     pending: Dict[str, Dict[str, torch.Tensor]] = {}  # merged key -> the slots read so far
     for file in _checkpoint_files(folder):
         with safetensors.safe_open(file, framework="pt", device=str(device)) as f:
