@@ -445,7 +445,7 @@ def test_the_command_line(capsys) -> None:
     args, shell = parse_args(["--model", "m", "--shell-mode"])
     assert shell and args.max_running_req == 1 and args.silent_output
     for flags, message in [
-        (["--tp-size", "2"], "chapter 16"),
+        (["--tp-size", "0"], "at least 1"),
         (["--port", "0"], "port number"),
         (["--memory-ratio", "1.5"], "must be in"),
         (["--num-tokenizer", "-1"], "0 or more"),
@@ -456,9 +456,9 @@ def test_the_command_line(capsys) -> None:
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
     # and once as a reader types it: argparse's usage and the reason, exit code 2
-    command = [sys.executable, "-m", "minisgl", "--model", "m", "--tp-size", "2"]
+    command = [sys.executable, "-m", "minisgl", "--model", "m", "--tp-size", "0"]
     err = subprocess.run(command, capture_output=True, text=True, timeout=60, env=ENV)
-    assert err.returncode == 2 and "usage:" in err.stderr and "chapter 16" in err.stderr
+    assert err.returncode == 2 and "usage:" in err.stderr and "at least 1" in err.stderr
     explained = {flag: action.help for action in build_parser()._actions
                  for flag in action.option_strings}  # fmt: skip
     for flag in UPSTREAM_FLAGS:

@@ -88,3 +88,12 @@ def test_a_changed_function_shows_its_changed_lines_and_a_diff_from_both_version
     assert "\n    +        self.stream = dev.Stream(self.device)" in shown
     unchanged = expand("<!-- code[11]: minisgl/core.py::SamplingParams -->\n", "x.md", BOOK)
     assert "hl_lines" not in unchanged and "What changed" not in unchanged
+
+
+def test_reading_times_are_counted_from_the_pages() -> None:
+    shown = expand("<!-- reading-times -->\n", "how-to-read.md", BOOK)
+    words = len((ROOT / BOOK.chapter(0).page).read_text().split())
+    assert f"| Start | 00 | {words:,} | " in shown
+    assert "| Projects | P1 to P6 | not written yet | |" in shown
+    total = sum(len((ROOT / m.page).read_text().split()) for m in BOOK.chapters if m.page)
+    assert f"The written chapters come to {total:,} words" in shown

@@ -9,6 +9,7 @@ In a page:
     <!-- tree[NN] -->                              chapter NN's package files, created /
                                                    modified / early marked
     <!-- roadmap -->                               every planned chapter and its status
+    <!-- reading-times -->                         each part's words and reading time, counted
 
 A marker that names a missing file or symbol stops the build with an error.
 """
@@ -35,6 +36,8 @@ CODE_RE = re.compile(
 )
 TREE_RE = re.compile(r"^<!-- tree\[(?P<chapter>\d+)\] -->$", re.M)
 ROADMAP_RE = re.compile(r"^<!-- roadmap -->$", re.M)
+READING_RE = re.compile(r"^<!-- reading-times -->$", re.M)
+WORDS_PER_MINUTE = 150  # a pace for technical text
 CHALLENGES_RE = re.compile(r"^<!-- challenges -->$", re.M)
 ANIMATION_RE = re.compile(r"^<!-- animation: (?P<name>[\w-]+) -->$", re.M)
 PRINTS_RE = re.compile(
@@ -226,6 +229,55 @@ def render_roadmap(book: Book) -> str:
     return "\n".join(rows)
 
 
+def _words(path: Path) -> int:
+    return len(path.read_text().split())
+
+
+def _reading_time(words: int) -> str:
+    minutes = max(5, round(words / WORDS_PER_MINUTE / 5) * 5)
+    hours, minutes = divmod(minutes, 60)
+    return (
+        f"{hours} h {minutes} min"
+        if hours and minutes
+        else f"{hours} h"
+        if hours
+        else f"{minutes} min"
+    )
+
+
+def render_reading_times(book: Book, depth: int) -> str:
+    """Each part's words (the Markdown source of its written chapters) and reading time, then
+    the overview pages and the total: counted at every build, so never stale."""
+    settings = tomllib.loads((book.root / "chapters" / "book.toml").read_text())
+    pages = {m.label: book.root / m.page for m in book.chapters if m.page}
+    rows = ["| part | chapters | words | reading time (about) |", "| --- | --- | --- | --- |"]
+    total = 0
+    for part in settings.get("parts", []):
+        numbers = part["chapters"]
+        span = numbers[0] if len(numbers) == 1 else f"{numbers[0]} to {numbers[-1]}"
+        written = [n for n in numbers if n in pages]
+        if not written:
+            rows.append(f"| {part['name']} | {span} | not written yet | |")
+            continue
+        words = sum(_words(pages[n]) for n in written)
+        total += words
+        note = (
+            "" if len(written) == len(numbers) else f" ({len(written)} of {len(numbers)} written)"
+        )
+        rows.append(f"| {part['name']} | {span} | {words:,}{note} | {_reading_time(words)} |")
+    up = "../" * depth
+    overview = [("Architecture", "architecture.md"), ("How the book checks itself", "machinery.md")]
+    described = " and ".join(
+        f"[{title}]({up}{page}) ({_words(book.root / 'docs' / page):,} words, "
+        f"{_reading_time(_words(book.root / 'docs' / page))})"
+        for title, page in overview
+    )
+    return "\n".join(rows) + (
+        f"\n\nThe written chapters come to {total:,} words, about "
+        f"{_reading_time(total)} of reading; the two overview pages add {described}."
+    )
+
+
 def fold_parity_table(block: re.Match) -> str:
     """A "what it prints" block whose output ends in a parity table shows the table folded,
     with its summary line (the `parity:` line, in words) as the fold's title. The block in the
@@ -400,6 +452,7 @@ def expand(markdown: str, page_path: str, book: Optional[Book] = None) -> str:
         if depth:  # links in the table are relative to docs/
             roadmap = re.sub(r"\]\(([^)]+)\)", lambda m: f"]({'../' * depth}{m[1]})", roadmap)
         markdown = ROADMAP_RE.sub(lambda m: roadmap, markdown)
+        markdown = READING_RE.sub(lambda m: render_reading_times(book, depth), markdown)
         markdown = PRINTS_RE.sub(fold_parity_table, markdown)
         markdown = CHALLENGES_RE.sub(lambda m: render_challenges(book, depth), markdown)
         markdown = ANIMATION_RE.sub(lambda m: render_animation(m["name"]), markdown)

@@ -211,16 +211,20 @@ def run_parity_cases(
     cases_for: Callable[[str], List[Case]],
     models: Sequence[str] = PARITY_MODELS,
     runs: int | Callable[[str], int] = 1,
+    run_label: Tuple[str, Callable[[str, int], str]] | None = None,
 ) -> Summary:
     """Like run_parity, for a workload of any shape: `generate(name, cases)` returns the
     tokens of every case; `runs` (a number, or a function of the model's name) says how many
     times each case is generated (with different engine settings, say), and all runs are
-    compared. Prints one row per model and run; the summary counts each model's prompts
-    once and the tokens of every run."""
+    compared. Prints one row per model and run (`run_label`: the column's heading, and the
+    label of run i of a model, instead of the number i); the summary counts each model's
+    prompts once and the tokens of every run."""
     summary = Summary(models=len(models))
     runs_of = runs if callable(runs) else (lambda name: runs)
+    heading, label = run_label or ("run", lambda name, run: str(run))
+    width = max(3, len(heading))
     print(
-        f"{'model':14s} {'run':>3s} {'prompts':>7s} {'tokens':>7s} {'matched':>7s} "
+        f"{'model':14s} {heading:>{width}s} {'prompts':>7s} {'tokens':>7s} {'matched':>7s} "
         f"{'min margin':>10s}"
     )
     for name in models:
@@ -235,7 +239,7 @@ def run_parity_cases(
                 c = compare(list(ours), ref)
                 matched, total, margin = matched + c.matched, total + c.total, min(margin, c.margin)
                 if c.divergence is not None:
-                    summary.failures.append(f"{name} run {run} {case.label}")
+                    summary.failures.append(f"{name} {heading} {label(name, run)} {case.label}")
                     pos = c.divergence
                     mine, theirs = (
                         show_token(tok, list(ours), pos),
@@ -248,7 +252,10 @@ def run_parity_cases(
             summary.matched += matched
             summary.total += total
             summary.margin = min(summary.margin, margin)
-            print(f"{name:14s} {run:3d} {len(cases):7d} {total:7d} {matched:7d} {margin:10.4f}")
+            print(
+                f"{name:14s} {label(name, run):>{width}s} {len(cases):7d} {total:7d} "
+                f"{matched:7d} {margin:10.4f}"
+            )
         summary.prompts = max(summary.prompts, len(cases))
     print(summary.line())
     return summary

@@ -11,7 +11,7 @@ Two rules keep a run from hanging:
   and ends by force any that does not stop in time.
 
 Nothing here imports minisgl: a queue is anything with ``get(timeout=...)`` that raises
-``TimeoutError``.
+``TimeoutError`` (a ZMQ queue of chapter 12) or ``queue.Empty`` (a multiprocessing queue).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import time
 from multiprocessing.process import BaseProcess
+from queue import Empty
 from typing import Iterator, Protocol, Sequence, TypeVar
 
 T = TypeVar("T", covariant=True)
@@ -44,7 +45,7 @@ def receive(queue: Queue[T], peers: Sequence[BaseProcess], timeout: float, what:
     while True:
         try:
             return queue.get(timeout=LOOK_EVERY_S)
-        except TimeoutError:
+        except (TimeoutError, Empty):  # a ZMQ queue's and a multiprocessing queue's way to say so
             pass
         for peer in peers:
             if not peer.is_alive():

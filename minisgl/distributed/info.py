@@ -40,10 +40,23 @@ def try_get_tp_info() -> DistributedInfo | None:
     return _TP_INFO
 
 
+def tp_info_or_one() -> DistributedInfo:
+    """The TP info an engine set, else one rank: a layer built outside an engine (a test,
+    chapter 02's hand-wired decoder) runs alone."""
+    return _TP_INFO if _TP_INFO is not None else DistributedInfo(0, 1)
+
+
 def reset_tp_info() -> None:
     """Forget the TP info, so that another engine can start in this process."""
     global _TP_INFO
     _TP_INFO = None
 
 
-__all__ = ["DistributedInfo", "set_tp_info", "get_tp_info", "try_get_tp_info", "reset_tp_info"]
+__all__ = [
+    "DistributedInfo",
+    "set_tp_info",
+    "get_tp_info",
+    "try_get_tp_info",
+    "tp_info_or_one",
+    "reset_tp_info",
+]

@@ -1,16 +1,20 @@
 """The engine: one model on one device, with its KV pool, page table, attention backend and
 sampler. It runs one batch at a time (forward_batch); deciding what goes into a batch is the
-scheduler's job (chapter 07)."""
+scheduler's job (chapter 07). With tensor parallelism (chapter 16) there is one engine per
+rank, each holding its slice of the model, all running the same batches in step: the
+collectives inside the layers keep them together."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any, Dict, NamedTuple, Tuple
 
 import torch
+import torch.distributed as dist
 
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, Req, clear_global_ctx, set_global_ctx
-from minisgl.distributed import reset_tp_info, set_tp_info
+from minisgl.distributed import destroy_distributed, reset_tp_info, set_tp_info
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.layers import set_rope_device
 from minisgl.models import create_model, load_weight
@@ -35,7 +39,6 @@ def mem_GB(size: int) -> str:
 
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
-        assert config.tp_info.size == 1, "tensor parallelism arrives in chapter 16"
         set_tp_info(rank=config.tp_info.rank, size=config.tp_info.size)
         _adjust_config(config)
 
@@ -48,6 +51,7 @@ class Engine:
         self.dtype = config.dtype
         self.ctx = Context(config.page_size)
         set_global_ctx(self.ctx)
+        self.tp_cpu_group = self._init_communication(config)
         free_before_model = self._free_memory()
         logger.info_rank0(f"free memory before loading the model: {mem_GB(free_before_model)}")
 
@@ -94,6 +98,26 @@ class Engine:
         self.page_table[self.dummy_req.table_idx].fill_(num_tokens)
         logger.info_rank0(f"free memory after initialisation: {mem_GB(self._free_memory())}")
 
+    def _init_communication(self, config: EngineConfig) -> dist.ProcessGroup | None:
+        """With several ranks, join their process group: gloo on the CPU; on GPUs NCCL for the
+        layers' tensors, and a gloo group beside it for what the scheduler sends between ranks
+        (CPU tensors). It returns the group for CPU tensors; with one rank, there is none."""
+        tp_info = config.tp_info
+        if tp_info.size == 1:
+            return None
+        on_gpu = dev.is_cuda(self.device)
+        dist.init_process_group(
+            backend="nccl" if on_gpu else "gloo",
+            init_method=config.distributed_addr,
+            rank=tp_info.rank,
+            world_size=tp_info.size,
+            timeout=timedelta(seconds=config.distributed_timeout),
+        )
+        group = dist.new_group(backend="gloo") if on_gpu else dist.group.WORLD
+        assert group is not None
+        logger.info_rank0(f"{tp_info.size} ranks joined ({'nccl' if on_gpu else 'gloo'})")
+        return group
+
     def _free_memory(self) -> int:
         dev.synchronize(self.device)
         dev.empty_cache(self.device)
@@ -129,6 +153,10 @@ class Engine:
             if not dev.is_cuda(self.device):
                 available, why = _cpu_pool_bytes(available, why, config, cache_per_page)
             num_pages = available // cache_per_page
+        if self.tp_cpu_group is not None:  # every rank must hold the same pages
+            agreed = torch.tensor([num_pages], dtype=torch.int64)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=self.tp_cpu_group)
+            num_pages = int(agreed.item())
         assert num_pages > 1, "not enough memory for the KV cache: lower num_page_override"
         logger.info_rank0(
             f"KV cache: {num_pages * config.page_size} tokens in {num_pages} pages of "
@@ -151,6 +179,9 @@ class Engine:
     def shutdown(self) -> None:
         """Release the global state, so that another engine can start in this process."""
         dev.synchronize(self.device)
+        if self.tp_cpu_group is not None:
+            dist.destroy_process_group()
+            destroy_distributed()
         clear_global_ctx()
         reset_tp_info()
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from minisgl.distributed import tp_info_or_one
+from minisgl.utils import div_even
+
 from .base import BaseKVCachePool
 
 
@@ -23,8 +26,10 @@ class MHAKVCache(BaseKVCachePool):
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
+        # with tensor parallelism, only this rank's key/value heads (or a copy of one)
+        local_kv_heads = div_even(num_kv_heads, tp_info_or_one().size, allow_replicate=True)
         self._kv_buffer = torch.empty(
-            (2, num_layers, num_pages, page_size, num_kv_heads, head_dim),
+            (2, num_layers, num_pages, page_size, local_kv_heads, head_dim),
             device=device,
             dtype=dtype,
         )
@@ -32,7 +37,7 @@ class MHAKVCache(BaseKVCachePool):
         self._k_buffer = self._kv_buffer[0]
         self._v_buffer = self._kv_buffer[1]
         self._device = device
-        self._storage_shape = (num_pages * page_size, num_kv_heads, head_dim)
+        self._storage_shape = (num_pages * page_size, local_kv_heads, head_dim)
 
     def k_cache(self, index: int) -> torch.Tensor:
         """Layer `index`'s keys: [pages, page_size, kv_heads, head_dim]."""

@@ -2,7 +2,8 @@
 
 The layer prepares q, k and v for the batch's new tokens; the backend chosen for the engine
 (`ctx.attn_backend`) stores k and v in the KV pool and computes the attention, with the
-metadata it prepared for this batch.
+metadata it prepared for this batch. With tensor parallelism (chapter 16) it sees only this
+rank's heads: attention never mixes heads, so each rank attends alone.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from minisgl.core import get_global_ctx
+from minisgl.distributed import tp_info_or_one
+from minisgl.utils import div_even
 
 from .base import StateLessOP
 from .rotary import get_rope
@@ -35,10 +38,11 @@ class AttentionLayer(StateLessOP):
         assert num_qo_heads % num_kv_heads == 0
         self.layer_id = layer_id
         self.head_dim = head_dim
-        self.num_qo_heads = num_qo_heads
-        self.num_kv_heads = num_kv_heads
-        self.qo_attn_dim = num_qo_heads * head_dim
-        self.kv_attn_dim = num_kv_heads * head_dim
+        tp_size = tp_info_or_one().size  # this rank's heads (LinearQKVMerged split them)
+        self.num_qo_heads = div_even(num_qo_heads, tp_size)
+        self.num_kv_heads = div_even(num_kv_heads, tp_size, allow_replicate=True)
+        self.qo_attn_dim = self.num_qo_heads * head_dim
+        self.kv_attn_dim = self.num_kv_heads * head_dim
         self.rotary = get_rope(
             head_dim=head_dim,
             rotary_dim=rotary_config.rotary_dim,

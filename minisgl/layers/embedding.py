@@ -1,8 +1,15 @@
-"""Token embedding and the LM head (the output projection to vocabulary logits).
+"""Token embedding and the LM head, each rank holding one slice of the vocabulary.
 
-The names anticipate chapter 16, where each rank holds a slice of the vocabulary. A model with
-tied embeddings (SmolLM2, Qwen3-0.6B, Llama 3.2) uses the embedding matrix as its LM head and
-stores no separate `lm_head.weight`.
+With V tokens and N ranks, rank r holds rows [r * ceil(V/N), (r+1) * ceil(V/N)) of the
+embedding matrix (the last slice is padded with zero rows when N does not divide V).
+
+* Embedding: a rank looks up the tokens of its slice and writes zeros for the others; an
+  all-reduce adds the N partial results, where exactly one rank wrote each token's row.
+* LM head: a rank computes the logits of its slice of the vocabulary for every token; an
+  all-gather puts the slices side by side, and the padding is cut off.
+
+A model with tied embeddings (SmolLM2, Qwen3-0.6B, Llama 3.2) uses the embedding matrix as its
+LM head and stores no separate `lm_head.weight`; both are split the same way.
 """
 
 from __future__ import annotations
@@ -12,17 +19,32 @@ from typing import Dict
 import torch
 import torch.nn.functional as F
 
+from minisgl.distributed import DistributedCommunicator, tp_info_or_one
+from minisgl.utils import div_ceil
+
 from .base import BaseOP
 
 
 class VocabParallelEmbedding(BaseOP):
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
+        tp_info = tp_info_or_one()
+        self.tp_size = tp_info.size
         self.num_embeddings = num_embeddings
-        self.weight = torch.empty(num_embeddings, embedding_dim)
+        self.num_embeddings_tp = div_ceil(num_embeddings, self.tp_size)
+        start = self.num_embeddings_tp * tp_info.rank
+        self.vocab_range = (start, min(start + self.num_embeddings_tp, num_embeddings) - start)
+        self.weight = torch.empty(self.num_embeddings_tp, embedding_dim)
+        self._comm = DistributedCommunicator()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.embedding(x, self.weight)
+        if self.tp_size == 1:
+            return F.embedding(x, self.weight)
+        start, size = self.vocab_range
+        mine = (x >= start) & (x < start + size)
+        y = F.embedding(torch.where(mine, x - start, 0), self.weight)
+        y.masked_fill_(~mine.unsqueeze(-1), 0.0)
+        return self._comm.all_reduce(y)
 
 
 class ParallelLMHead(VocabParallelEmbedding):
@@ -38,7 +60,7 @@ class ParallelLMHead(VocabParallelEmbedding):
             "pass the embedding to tie to exactly when tie_word_embeddings is set"
         )
         super().__init__(num_embeddings, embedding_dim)
-        self.bias = torch.empty(num_embeddings) if bias else None
+        self.bias = torch.empty(self.num_embeddings_tp) if bias else None
         self.tied_embedding = tied_embedding
         if tied_embedding is not None:
             del self.weight  # the embedding's matrix is used instead
@@ -60,5 +82,12 @@ class ParallelLMHead(VocabParallelEmbedding):
         state_dict.pop(f"{prefix}.bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [tokens, vocabulary] for hidden states [tokens, hidden]."""
         weight = self.tied_embedding.weight if self.tied_embedding is not None else self.weight
-        return F.linear(x, weight, self.bias)
+        logits = F.linear(x, weight, self.bias)  # [tokens, this rank's slice]
+        if self.tp_size == 1:
+            return logits
+        gathered = self._comm.all_gather(logits)  # [ranks * tokens, slice]: rank by rank
+        tokens = logits.shape[0]
+        by_token = gathered.view(self.tp_size, tokens, -1).transpose(0, 1)  # [tokens, ranks, slice]
+        return by_token.reshape(tokens, -1)[:, : self.num_embeddings]

@@ -48,6 +48,12 @@ class SchedulerConfig(EngineConfig):
         return self._ipc_addr("broadcast")
 
     @property
+    def distributed_addr(self) -> str:
+        """Where the ranks meet to start their process group (chapter 16): a file that
+        torch.distributed creates and deletes, named like the sockets."""
+        return f"file://{tempfile.gettempdir()}/minisgl-{self._unique_suffix}-ranks"
+
+    @property
     def backend_create_detokenizer_link(self) -> bool:
         """Whether the scheduler binds the detokenizer address (it does, unless the server of
         chapter 15 says otherwise)."""

@@ -95,8 +95,9 @@ class Scheduler(SchedulerIOMixin, SchedulerGuardMixin):
         self.finished_reqs: Set[Req] = set()
         self._in_flight: Set[Req] = set()  # the requests of the launched, unprocessed batch
         # where messages come from and where replies go: a subclass's offline methods, or
-        # sockets (chapter 16 gives the engine the CPU process group of several ranks)
-        super().__init__(config, tp_cpu_group=None)
+        # sockets; with several ranks, rank 0 forwards every message over the engine's CPU
+        # process group
+        super().__init__(config, tp_cpu_group=self.engine.tp_cpu_group)
 
     def run_when_idle(self) -> None:
         """Called when nothing is runnable, before waiting for the next message: a good time

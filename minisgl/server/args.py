@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tp-size",
         type=_positive,
         default=1,
-        help="GPUs to shard the model over (chapter 16; 1 here)",
+        help="ranks to shard the model over: one GPU each, or one CPU process each without GPUs",
     )
     add(
         "--max-running-requests",
@@ -200,8 +200,9 @@ def parse_args(args: List[str], run_shell: bool = False) -> Tuple[ServerArgs, bo
         kwargs.update(max_running_req=1, cuda_graph_max_bs=1, silent_output=True)
     kwargs["model_path"] = os.path.expanduser(kwargs["model_path"])
     tp_size = kwargs.pop("tensor_parallel_size")
-    if tp_size != 1:
-        parser.error("--tp-size: tensor parallelism arrives in chapter 16; use 1")
+    problem = _tp_problem(tp_size, kwargs["model_path"])
+    if problem:
+        parser.error(f"--tp-size {tp_size}: {problem}")
     if kwargs["num_tokenizer"] < 0:
         parser.error(f"--num-tokenizer must be 0 or more, not {kwargs['num_tokenizer']}")
     kwargs["tp_info"] = DistributedInfo(0, tp_size)
@@ -209,6 +210,26 @@ def parse_args(args: List[str], run_shell: bool = False) -> Tuple[ServerArgs, bo
     result = ServerArgs(**kwargs)
     init_logger(__name__).info(f"server arguments: {result}")
     return result, run_shell
+
+
+def _tp_problem(tp_size: int, model_path: str) -> str | None:
+    """Why `tp_size` ranks cannot share this model (None: they can)."""
+    if tp_size == 1:
+        return None
+    if torch.cuda.is_available() and torch.cuda.device_count() < tp_size:
+        return f"this machine has {torch.cuda.device_count()} GPU(s), one per rank is needed"
+    from minisgl.models import ModelConfig
+    from minisgl.utils import cached_load_hf_config
+
+    config = ModelConfig.from_hf(cached_load_hf_config(model_path))
+    kv = config.num_kv_heads
+    if config.num_qo_heads % tp_size:
+        return f"the model's {config.num_qo_heads} attention heads do not split into {tp_size}"
+    if kv % tp_size and tp_size % kv:
+        return f"its {kv} key/value heads neither split into {tp_size} nor divide it"
+    if config.intermediate_size % tp_size:
+        return f"its MLP's {config.intermediate_size} features do not split into {tp_size}"
+    return None
 
 
 def _resolve_dtype(name: str, model_path: str) -> torch.dtype:

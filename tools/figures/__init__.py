@@ -30,6 +30,7 @@ from tools.figures.chapters import (
     ch12,
     ch14,
     ch15,
+    ch16,
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "figures"
@@ -68,6 +69,8 @@ FIGURES: dict[str, Callable[[], str]] = {
     "ch12-slow-joiner": ch12.fig_slow_joiner,
     "ch14-one-turn": ch14.fig_one_turn,
     "ch15-one-request": ch15.fig_one_request,
+    "ch16-column-row": ch16.fig_column_row,
+    "ch16-layer-on-ranks": ch16.fig_layer_on_ranks,
 }
 
 
