@@ -68,6 +68,32 @@ def tiny_model_names() -> List[str]:
     return list(TINY_MODELS)
 
 
+# ------------------------------------------------------------ several test processes
+MAX_TEST_WORKERS = 4  # each worker loads torch and its own models: more would cost memory
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which the tools switch off
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """How many worker processes `-n auto` (pyproject.toml) starts: one per core, at most
+    MAX_TEST_WORKERS."""
+    return max(1, min(MAX_TEST_WORKERS, _cores()))
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    # A worker shares the cores with the others: with as many threads as cores each, they would
+    # spin waiting for one another (the whole run took twice as long here). What a test starts
+    # inherits the setting.
+    _threads = max(1, _cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    import torch
+
+    torch.set_num_threads(_threads)
+
+
 # ------------------------------------------------------------ no hang, nothing left behind
 _REAL_STDERR: List[int] = []  # a copy of the terminal's stderr, past pytest's capture
 

@@ -127,7 +127,7 @@ def rank_main(
 
 def test_rank0_forwards_each_turns_messages_to_the_other_rank_in_order(tmp_path) -> None:
     cfg = config()
-    turns = [True, False, True, False]  # block, take what is there, block, take
+    turns = [True, False, True, False, True]  # block, take what is there, block, take, block
     out: mp.Queue = worker_context([__name__]).Queue()
     store = str(tmp_path / "store")
     ranks = [
@@ -152,13 +152,15 @@ def test_rank0_forwards_each_turns_messages_to_the_other_rank_in_order(tmp_path)
             reports_until(1)
             tokenizer.socket.send(b"\x93garbage")  # dropped by rank 0, never forwarded
             tokenizer.put(AbortBackendMsg(3))  # wakes turn 2
-            tokenizer.put(AbortBackendMsg(4))
+            tokenizer.put(AbortBackendMsg(4))  # turn 2 or 3 takes it, or else turn 4
             reports_until(3)
+            tokenizer.put(AbortBackendMsg(5))  # so that turn 4 always wakes
+            reports_until(4)
             finish(ranks)
     finally:
         tokenizer.stop()
     assert seen[0] == seen[1], seen  # the same messages, at the same turns
-    assert [uid for turn in range(4) for uid in seen[0][turn]] == [0, 1, 2, 3, 4]
+    assert [uid for turn in range(5) for uid in seen[0][turn]] == [0, 1, 2, 3, 4, 5]
 
 
 def test_rank0_says_so_when_a_rank_never_comes() -> None:

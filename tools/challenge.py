@@ -27,6 +27,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from tools.book import tomllib  # noqa: E402
+from tools.supervise import PYTEST_ONE_PROCESS  # noqa: E402
 
 FOLDER = REPO_ROOT / "challenges"
 WORKSPACE = REPO_ROOT / "my-challenges"
@@ -83,7 +84,8 @@ def find(challenge_id: str) -> Challenge:
 def run_checker(challenge: Challenge, candidate: Path, quiet: bool = False) -> int:
     """pytest on the checker, judging `candidate`; its exit code (0: every test passed)."""
     env = {**os.environ, "BOOK_CHALLENGE_FILE": str(candidate.resolve())}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x"]
+    command = [sys.executable, "-m", "pytest", *PYTEST_ONE_PROCESS, "-q", "-p", "no:cacheprovider"]
+    command.append("-x")
     if quiet:
         command.append("--no-header")
     try:

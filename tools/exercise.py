@@ -124,6 +124,7 @@ def run_tests(
         sys.executable,
         "-m",
         "pytest",
+        *supervise.PYTEST_ONE_PROCESS,
         "-q",
         "-p",
         "no:cacheprovider",

@@ -270,6 +270,7 @@ def run_chapter_tests(
                 sys.executable,
                 "-m",
                 "pytest",
+                *supervise.PYTEST_ONE_PROCESS,
                 "-q",
                 "-p",
                 "no:cacheprovider",

@@ -31,6 +31,10 @@ STACKS_ENV = "MINISGL_BOOK_STACKS"  # the folder where each process writes its s
 SETTLE_S = 3.0  # how long the group may take to wind down after its leader exited
 DUMP_WAIT_S = 2.0  # how long the stacks may take to be written
 KILL_WAIT_S = 5.0  # how long killed processes may take to disappear
+# pytest as the tools run it: in one process. The repository's settings (pyproject.toml's
+# addopts) spread a plain `pytest` over several worker processes; a tool that records what
+# each test ran, or reads the tests' output in order, replaces them with these.
+PYTEST_ONE_PROCESS = ["-p", "no:xdist", "-o", "addopts=-p no:anyio --strict-markers"]
 
 _RUNNING: Set[int] = set()  # the process groups of the commands running now
 _RUNNING_LOCK = threading.Lock()
