@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, List, Literal, Union
+from typing import TYPE_CHECKING, Literal, Union
 
 import torch
 
@@ -218,5 +218,3 @@ def _one_slot_pages(cache: torch.Tensor) -> torch.Tensor:
     """[pages, page_size, kv_heads, head_dim] viewed as pages of one slot each."""
     return cache.view(-1, 1, cache.shape[2], cache.shape[3])
 
-
-__all__: List[str] = ["FIMetadata", "FlashInferBackend"]
