@@ -217,4 +217,3 @@ class FlashInferBackend(BaseAttnBackend):
 def _one_slot_pages(cache: torch.Tensor) -> torch.Tensor:
     """[pages, page_size, kv_heads, head_dim] viewed as pages of one slot each."""
     return cache.view(-1, 1, cache.shape[2], cache.shape[3])
-
