@@ -23,7 +23,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from tools.book import Book, Manifest
 from tools.changes import ModuleSummary, TreeChange, names_in, summarise, tree_change
@@ -38,6 +38,7 @@ class TestRecord:
     outcome: str  # "passed", "failed" or "skipped"
     ran: Set[Function]
     collect: Set[Function]  # what ran while its file was collected (and before)
+    seconds: float = 0.0  # how long it took there
 
 
 def _read_workers(folder: Path) -> List[Tuple[float, float, Set[Function]]]:
@@ -77,7 +78,8 @@ def read_records(folder: Path, chapter: int) -> Dict[str, TestRecord]:
         for start, end, functions in workers:
             if start <= entry["end"] and end >= entry["start"]:
                 ran |= functions
-        records[nodeid] = TestRecord(chapter, entry["outcome"], ran, collect)  # type: ignore[arg-type]
+        seconds = entry["end"] - entry["start"]
+        records[nodeid] = TestRecord(chapter, entry["outcome"], ran, collect, seconds)  # type: ignore[arg-type]
     return records
 
 
@@ -99,11 +101,27 @@ class Selection:
     def files_run(self) -> int:
         return len(self.whole) + len({t.split("::")[0] for t in self.tests})
 
-    def unpredicted(self, loaded: Path) -> List[str]:
-        """A package file the tests' processes loaded that the static reading of their imports
-        (tools/deps.py) did not predict: that reading missed an import."""
+    def groups(self, seconds: Callable[[str], float], n: int) -> List[List[str]]:
+        """The arguments in at most `n` groups of whole test files, of about the same expected
+        time (`seconds` of an argument): the longest file first, each to the lightest group."""
+        by_file: Dict[str, List[str]] = {}
+        for argument in self.arguments:
+            by_file.setdefault(argument.split("::")[0], []).append(argument)
+        cost = {f: sum(seconds(a) for a in args) for f, args in by_file.items()}
+        groups: List[List[str]] = [[] for _ in range(min(n, len(by_file)))]
+        load = [0.0] * len(groups)
+        for file in sorted(by_file, key=lambda f: -cost[f]):
+            i = load.index(min(load))
+            groups[i] += by_file[file]
+            load[i] += cost[file]
+        return [g for g in groups if g]
+
+    def unpredicted(self, loaded: Iterable[Path]) -> List[str]:
+        """A package file the tests' processes loaded (listed in the folders `loaded`) that the
+        static reading of their imports (tools/deps.py) did not predict: that reading missed
+        an import."""
         seen: Set[str] = set()
-        for record in loaded.glob("*.txt"):
+        for record in [r for folder in loaded for r in folder.glob("*.txt")]:
             seen.update(line for line in record.read_text().splitlines() if line)
         missed = sorted(seen - self.predicted)
         if not missed:
@@ -133,6 +151,15 @@ class Selector:
             by_file.setdefault(nodeid.split("::")[0], []).append(nodeid)
         self.nodes.update(by_file)
         self.records.update(records)
+
+    def seconds(self, argument: str) -> float:
+        """How long a pytest argument (a node id, or a whole file) took when it last ran; a
+        guess for what never ran."""
+        if "::" in argument:
+            record = self.records.get(argument)
+            return record.seconds if record is not None else 1.0
+        nodes = self.nodes.get(argument)
+        return sum(self.records[n].seconds for n in nodes if n in self.records) if nodes else 10.0
 
     # ----------------------------------------------------------------- changes
     def _sources(self, chapter: int) -> Dict[str, str]:

@@ -26,9 +26,10 @@ import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script: `python tools/steps.py`
@@ -47,6 +48,7 @@ PARITY_RE = re.compile(
     r"tokens=(?P<matched>\d+)/(?P<total>\d+) min_margin=(?P<margin>[-\d.e+inf]+)",
     re.MULTILINE,
 )
+T = TypeVar("T")
 MISSING_MODULE_RE = re.compile(r"No module named '(?P<module>[\w.]+)'")
 MISSING_NAME_RE = re.compile(r"cannot import name '(?P<name>\w+)' from '(?P<module>[\w.]+)'")
 
@@ -235,6 +237,12 @@ def run_main(
         _finish_tree(work, keep, chapter)
 
 
+# A chapter's tests expected to take longer than this (from their last run) are shared between
+# two pytest processes, test file by test file: the tests run chapter after chapter, and alone
+# they would keep one core busy while the other waits (the mains finish long before them).
+SPLIT_S = 30.0
+
+
 def run_chapter_tests(
     book: Book,
     row: Row,
@@ -257,52 +265,59 @@ def run_chapter_tests(
             )
         if not selection.arguments:
             return
-        junit, loaded, record = work / "junit.xml", work / "loaded", work / "record"
-        loaded.mkdir()
-        record.mkdir()
-        env = {
-            **isolated_env(book.package, number, tree, threads),
-            "MINISGL_BOOK_LOADED": str(loaded),
-            "MINISGL_BOOK_RECORD": str(record),
-        }
-        pytest = supervise.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                *supervise.PYTEST_ONE_PROCESS,
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                "-p",
-                "book_record_plugin",
-                "-rfEs",
-                f"--junitxml={junit}",
-                "--rootdir",
-                str(tree),
-                *selection.arguments,
-            ],
-            tree,
-            env,
-            chapter.timeout,
-        )
-        selector.remember(record, number)
-        row.tests.passed, row.tests.failed, row.tests.skipped = _counts(junit)
-        row.tests_seconds = pytest.seconds
-        row.problems.extend(pytest.report("the tests", chapter.timeout))
-        row.problems.extend(selection.unpredicted(loaded))
-        if pytest.returncode not in (0, None):
-            output = pytest.stdout + pytest.stderr
-            notes = explain_import_failure(book, number, output)
-            row.problems.append(
-                f"tests failed (pytest exit code {pytest.returncode})"
-                + "".join(f"\n  {n}" for n in notes)
-                + f"\n{_tail(output, 40)}"
-            )
-        elif pytest.returncode == 0 and row.tests.passed == 0:
+        expected = sum(selector.seconds(a) for a in selection.arguments)
+        groups = selection.groups(selector.seconds, 2 if expected > SPLIT_S else 1)
+        runs = _in_parallel(
+            [lambda g=g, i=i: _pytest(book, chapter, tree, work / f"run{i}", g, threads)
+             for i, g in enumerate(groups)]
+        )  # fmt: skip
+        row.tests_seconds = max(run.seconds for run, _ in runs)
+        for run, folder in runs:
+            selector.remember(folder / "record", number)
+            passed, failed, skipped = _counts(folder / "junit.xml")
+            row.tests.passed += passed
+            row.tests.failed += failed
+            row.tests.skipped += skipped
+            row.problems.extend(run.report("the tests", chapter.timeout))
+            if run.returncode not in (0, None):
+                output = run.stdout + run.stderr
+                notes = explain_import_failure(book, number, output)
+                row.problems.append(
+                    f"tests failed (pytest exit code {run.returncode})"
+                    + "".join(f"\n  {n}" for n in notes)
+                    + f"\n{_tail(output, 40)}"
+                )
+        row.problems.extend(selection.unpredicted(folder / "loaded" for _, folder in runs))
+        if not row.problems and row.tests.passed == 0:
             row.problems.append("no tests ran")
     finally:
         _finish_tree(work, keep, chapter)
+
+
+def _pytest(
+    book: Book, chapter: Manifest, tree: Path, folder: Path, args: List[str], threads: Optional[int]
+) -> Tuple[supervise.Outcome, Path]:
+    """One pytest process in `tree` on `args`, in one process; its junit report, its record of
+    what each test ran and its list of loaded modules go to `folder`."""
+    for sub in ("loaded", "record"):
+        (folder / sub).mkdir(parents=True)
+    env = {
+        **isolated_env(book.package, chapter.number, tree, threads),
+        "MINISGL_BOOK_LOADED": str(folder / "loaded"),
+        "MINISGL_BOOK_RECORD": str(folder / "record"),
+    }
+    command = [sys.executable, "-m", "pytest", *supervise.PYTEST_ONE_PROCESS, "-q",
+               "-p", "no:cacheprovider", "-p", "book_record_plugin", "-rfEs",
+               f"--junitxml={folder / 'junit.xml'}", "--rootdir", str(tree), *args]  # fmt: skip
+    return supervise.run(command, tree, env, chapter.timeout), folder
+
+
+def _in_parallel(calls: List[Callable[[], T]]) -> List[T]:
+    """Run the calls at the same time, each in a thread; their results in order."""
+    if len(calls) == 1:
+        return [calls[0]()]
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        return [f.result() for f in [pool.submit(c) for c in calls]]
 
 
 def _counts(junit: Path) -> Tuple[int, int, List[str]]:

@@ -26,6 +26,20 @@ def create_torch_backend(config: ModelConfig) -> BaseAttnBackend:
     return TorchNativeBackend(config)
 
 
+@SUPPORTED_ATTENTION_BACKENDS.register("fi")
+def create_fi_backend(config: ModelConfig) -> BaseAttnBackend:
+    from .fi import FlashInferBackend
+
+    return FlashInferBackend(config)
+
+
+@SUPPORTED_ATTENTION_BACKENDS.register("fa")
+def create_fa_backend(config: ModelConfig) -> BaseAttnBackend:
+    from .fa import FlashAttentionBackend
+
+    return FlashAttentionBackend(config)
+
+
 def validate_attn_backend(backend: str, allow_auto: bool = True) -> str:
     """Check a backend spec: "name", "prefill_name,decode_name", or "auto"."""
     if backend == "auto":

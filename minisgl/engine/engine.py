@@ -6,6 +6,7 @@ collectives inside the layers keep them together."""
 
 from __future__ import annotations
 
+import importlib.util
 from datetime import timedelta
 from typing import Any, Dict, NamedTuple, Tuple
 
@@ -218,5 +219,13 @@ def _adjust_config(config: EngineConfig) -> None:
         object.__setattr__(config, attr, value)
 
     if config.attention_backend == "auto":
-        override("attention_backend", "torch")
+        override("attention_backend", _auto_attention_backend(config))
         logger.info_rank0(f"attention backend: {config.attention_backend}")
+
+
+def _auto_attention_backend(config: EngineConfig) -> str:
+    """FlashInfer where it runs: on a GPU, in a 16-bit type, installed. Else the torch backend,
+    the only one with float32 kernels."""
+    on_gpu = dev.is_cuda(dev.default_device(config.tp_info.rank))
+    half = config.dtype in (torch.float16, torch.bfloat16)
+    return "fi" if on_gpu and half and importlib.util.find_spec("flashinfer") else "torch"

@@ -31,6 +31,7 @@ from tools.figures.chapters import (
     ch14,
     ch15,
     ch16,
+    ch17,
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "figures"
@@ -71,6 +72,8 @@ FIGURES: dict[str, Callable[[], str]] = {
     "ch15-one-request": ch15.fig_one_request,
     "ch16-column-row": ch16.fig_column_row,
     "ch16-layer-on-ranks": ch16.fig_layer_on_ranks,
+    "ch17-three-tables": ch17.fig_three_tables,
+    "ch17-plan-run": ch17.fig_plan_run,
 }
 
 
