@@ -38,6 +38,8 @@ N = 16  # new tokens per request
 QUESTION = "Name three primary colours"
 TEXTS = ["The capital of France is", "def fibonacci(n):", QUESTION]
 ROOT = Path(__file__).resolve().parents[1]
+RECEIVED = "minisgl_requests_total"
+FINISHED = "minisgl_e2e_request_latency_seconds_count"
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 
 
@@ -226,13 +228,25 @@ def test_clients_that_go_away_free_everything_their_requests_held(server, expect
         await client.close()
         return results
 
+    def counts() -> Tuple[float, float, int]:
+        values = server.metrics_when_idle()
+        aborted = len(re.findall(r"request \d+ aborted", server.output()))
+        return values[RECEIVED], values[FINISHED], aborted
+
+    received, finished, aborted = counts()
     results = asyncio.run(run())
     assert results[0::3] == ["left"] * 22 and results[1::3] == ["gave up"] * 21
     assert results[2::3] == [expected[0][1]] * 21
     values = server.metrics_when_idle()
     assert values["minisgl_kv_pages_cached"] < values["minisgl_kv_pages"]
     assert values["minisgl_request_slots_free"] == 256  # --max-running-requests' default
-    assert server.output().count("aborted") >= 43
+    # every request the server received either finished or was aborted; the 22 that read a
+    # chunk surely arrived, but on a loaded machine a client can give up before its request
+    # reaches the server, which then has nothing to abort
+    received, finished, aborted = (a - b for a, b in zip(counts(), (received, finished, aborted)))
+    assert finished == 21 and aborted == received - finished and aborted >= 22, (
+        received, finished, aborted,
+    )  # fmt: skip
 
 
 def test_generate_streams_plain_text_events(server, expected) -> None:
