@@ -4,11 +4,13 @@ break one, gives the verdict and the message a reader needs."""
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Dict, Optional
+from types import SimpleNamespace
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -16,7 +18,7 @@ from tools import supervise
 from tools.book import Book
 from tools.preload import Preloader
 from tools.prints import mask_output
-from tools.steps import main, parse_parity, run_chapter
+from tools.steps import _Plan, main, parse_parity, run_chapter
 
 PARITY_OK = "parity: models=1 prompts=2 tokens=10/10 min_margin=0.5000"
 
@@ -308,13 +310,63 @@ def test_chapters_side_by_side_report_what_one_at_a_time_reports(tmp_path: Path)
         tmp_path, {"tests/test_ch00_core.py": "def test_broken():\n    assert 1 == 2\n"}
     )
     tables = []
-    for jobs, preload in (("1", False), ("2", True)):  # and forked from the preloader
+    for jobs, preload in (("1", False), ("3", True)):  # and forked from the preloader
         code, out = check(root, "--jobs", jobs, preload=preload)
         assert code != 0 and "tests failed" in out, out  # chapter 00's failure is not lost
         rows = [line.split() for line in out.splitlines() if line[:3] in ("00 ", "01 ", "02 ")]
         tables.append([r[:-3] + r[-1:] for r in rows])  # all but the seconds
     assert tables[0] == tables[1] and [r[0] for r in tables[1]] == ["00", "01", "02"]
     assert tables[1][0][-1] == "FAIL"
+
+
+class _PlanBook:
+    """What _Plan reads of a book: chapter n has its own test file t{n} and carries the others."""
+
+    def __init__(self, chapters: int) -> None:
+        self.chapters = chapters
+
+    def tests_at(self, n: int) -> List[str]:
+        return [f"t{m}" for m in range(n + 1)]
+
+    def chapter(self, n: int) -> SimpleNamespace:
+        return SimpleNamespace(tests=[f"t{n}"])
+
+
+def _run_plan(seed: int) -> bool:
+    """Three workers that finish in a random order; True if two test batches ran at once."""
+    rng = random.Random(seed)
+    plan = _Plan(_PlanBook(8), list(range(8)), mains=True, tests=True)  # type: ignore[arg-type]
+    running: List[Tuple[str, int, List[str]]] = []
+    done: Dict[str, List[int]] = {}
+    mains: List[int] = []
+    overlapped = False
+    while True:
+        while len(running) < 3 and isinstance(task := plan.next(), tuple):
+            kind, n, files = task
+            for f in files:
+                assert all(m < n for m in done.get(f, [])), (f, n, done)
+                assert not any(f in r[2] and r[1] < n for r in running), (f, n, running)
+            overlapped |= kind == "tests" and any(r[0] == "tests" for r in running)
+            running.append(task)
+        if not running:
+            assert plan.next() is None
+            break
+        kind, n, files = running.pop(rng.randrange(len(running)))
+        plan.done(kind, n, files)
+        if kind == "main":
+            mains.append(n)
+        for f in files:
+            done.setdefault(f, []).append(n)
+    assert sorted(mains) == list(range(8))
+    assert done == {f"t{m}": list(range(m, 8)) for m in range(8)}
+    return overlapped
+
+
+def test_the_plan_runs_each_test_file_through_the_chapters_in_order() -> None:
+    """Every test file runs once in every chapter, and never in a chapter while an earlier
+    chapter still has it to run or is running it (its selection there reads the record of the
+    chapter before); different test files do run at the same time."""
+    assert sum(_run_plan(seed) for seed in range(30)) >= 10
 
 
 def test_a_parity_mismatch_fails_the_chapter(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
@@ -137,6 +138,7 @@ class Selector:
 
     def __init__(self, book: Book) -> None:
         self.book = book
+        self.lock = threading.RLock()  # held by the check's workers while they read or add records
         self.records: Dict[str, TestRecord] = {}  # node id -> its last record
         self.nodes: Dict[str, List[str]] = {}  # test file -> its node ids, as last collected
         self._changes: Dict[Tuple[int, int], TreeChange] = {}

@@ -29,7 +29,7 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple, TypeVar, Union
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script: `python tools/steps.py`
@@ -250,19 +250,27 @@ def run_chapter_tests(
     everything: bool,
     keep: Optional[Path] = None,
     threads: Optional[int] = None,
+    files: Optional[List[str]] = None,
 ) -> None:
-    """Build the chapter's tree and run the tests `selector` chooses there (all of them when
-    `everything`), recording what each one runs for the chapters after it; fill in `row`."""
+    """Build the chapter's tree and run the tests `selector` chooses there among `files` (the
+    chapter's test files when None; all their tests when `everything`), recording what each
+    one runs for the chapters after it; add the results to `row`. Several calls for one chapter,
+    on disjoint `files`, may run at the same time."""
     chapter, number = row.chapter, row.chapter.number
     work, tree = _start_tree(book, chapter, "tests")
     try:
-        row.chapter_tests = book.tests_at(number)
-        selection = selector.select(chapter, tree, row.chapter_tests, everything)
-        row.tests.files_run, row.tests.not_rerun = selection.files_run, selection.not_rerun
-        if keep is not None:
-            (work / "selection.txt").write_text(
-                "".join(f"{n}: {'; '.join(why)}\n" for n, why in sorted(selection.reasons.items()))
+        with selector.lock:
+            row.chapter_tests = book.tests_at(number)
+            selection = selector.select(
+                chapter, tree, row.chapter_tests if files is None else files, everything
             )
+            row.tests.files_run += selection.files_run
+            row.tests.not_rerun.update(selection.not_rerun)
+        if keep is not None:
+            with (work / "selection.txt").open("a") as out:
+                out.writelines(
+                    f"{n}: {'; '.join(why)}\n" for n, why in sorted(selection.reasons.items())
+                )
         if not selection.arguments:
             return
         expected = sum(selector.seconds(a) for a in selection.arguments)
@@ -271,27 +279,31 @@ def run_chapter_tests(
             [lambda g=g, i=i: _pytest(book, chapter, tree, work / f"run{i}", g, threads)
              for i, g in enumerate(groups)]
         )  # fmt: skip
-        row.tests_seconds = max(run.seconds for run, _ in runs)
-        for run, folder in runs:
-            selector.remember(folder / "record", number)
-            passed, failed, skipped = _counts(folder / "junit.xml")
-            row.tests.passed += passed
-            row.tests.failed += failed
-            row.tests.skipped += skipped
-            row.problems.extend(run.report("the tests", chapter.timeout))
-            if run.returncode not in (0, None):
-                output = run.stdout + run.stderr
-                notes = explain_import_failure(book, number, output)
-                row.problems.append(
-                    f"tests failed (pytest exit code {run.returncode})"
-                    + "".join(f"\n  {n}" for n in notes)
-                    + f"\n{_tail(output, 40)}"
-                )
-        row.problems.extend(selection.unpredicted(folder / "loaded" for _, folder in runs))
-        if not row.problems and row.tests.passed == 0:
-            row.problems.append("no tests ran")
+        with selector.lock:
+            row.tests_seconds += max(run.seconds for run, _ in runs)
+            for run, folder in runs:
+                selector.remember(folder / "record", number)
+                passed, failed, skipped = _counts(folder / "junit.xml")
+                row.tests.passed += passed
+                row.tests.failed += failed
+                row.tests.skipped += skipped
+                row.problems.extend(run.report("the tests", chapter.timeout))
+                if run.returncode not in (0, None):
+                    output = run.stdout + run.stderr
+                    notes = explain_import_failure(book, number, output)
+                    row.problems.append(
+                        f"tests failed (pytest exit code {run.returncode})"
+                        + "".join(f"\n  {n}" for n in notes)
+                        + f"\n{_tail(output, 40)}"
+                    )
+            row.problems.extend(selection.unpredicted(folder / "loaded" for _, folder in runs))
     finally:
         _finish_tree(work, keep, chapter)
+
+
+def _no_tests_ran(row: Row) -> None:
+    if not row.problems and row.tests.passed == 0:
+        row.problems.append("no tests ran")
 
 
 def _pytest(
@@ -345,6 +357,7 @@ def run_chapter(
         if run_tests:
             everything = selector is None
             run_chapter_tests(book, row, selector or Selector(book), everything, keep, threads)
+            _no_tests_ran(row)
     finally:
         row.seconds = time.perf_counter() - begin
     return row
@@ -393,34 +406,69 @@ def format_table(rows: Iterable[Row]) -> str:
 
 
 class _Plan:
-    """The order of a check's work on `jobs` workers. The mains are independent; the tests
-    go in chapter order, since each chapter chooses its tests from what the earlier chapters'
-    tests ran. A free worker takes the next chapter's tests if it is their turn, else a main
-    (the later chapters' first: they take longest)."""
+    """The order of a check's work on its workers. The mains are independent. A carried-forward
+    test file is chosen, in each chapter, from what it ran where it last ran (tools/selection.py),
+    so a test file goes through the chapters in order; different test files do not wait for each
+    other. A chapter's tests therefore go in batches: test files whose earlier chapters are done.
 
-    def __init__(self, chosen: List[int], mains: bool, tests: bool) -> None:
+    A free worker takes, in this order: the tests of the earliest chapter whose test files are
+    all ready (one batch, one tree); else a main (the later chapters' first: they take longest);
+    else a chapter's own test files, which wait for nothing (the later chapters' first); else the
+    ready part of the earliest chapter's tests; else it waits for a batch to finish."""
+
+    def __init__(self, book: Book, chosen: List[int], mains: bool, tests: bool) -> None:
         self.mains = sorted(chosen, reverse=True) if mains else []
-        self.tests = sorted(chosen) if tests else []
-        self.tests_busy = False
+        self.waiting: Dict[int, List[str]] = (
+            {n: list(book.tests_at(n)) for n in sorted(chosen)} if tests else {}
+        )
+        self.own = {n: set(book.chapter(n).tests) for n in chosen}
+        self.running: Dict[int, Set[str]] = {n: set() for n in chosen}
         self.cond = threading.Condition()
 
-    def take(self) -> Optional[Tuple[str, int]]:
-        with self.cond:
-            while True:
-                if self.tests and not self.tests_busy:
-                    self.tests_busy = True
-                    return "tests", self.tests.pop(0)
-                if self.mains:
-                    return "main", self.mains.pop(0)
-                if not self.tests and not self.tests_busy:
-                    return None
-                self.cond.wait()
+    def _ready(self, n: int) -> List[str]:
+        """Chapter n's waiting test files that no earlier chapter still has to run."""
+        busy = {f for m, files in self.waiting.items() if m < n for f in files}
+        busy |= {f for m, files in self.running.items() if m < n for f in files}
+        return [f for f in self.waiting[n] if f not in busy]
 
-    def done(self, kind: str) -> None:
+    def _start(self, n: int, files: List[str]) -> Tuple[str, int, List[str]]:
+        self.waiting[n] = [f for f in self.waiting[n] if f not in files]
+        if not self.waiting[n]:
+            del self.waiting[n]
+        self.running[n] |= set(files)
+        return "tests", n, files
+
+    def take(self) -> Optional[Tuple[str, int, List[str]]]:
+        """The next task, waiting for one if need be; None when all is done."""
         with self.cond:
-            if kind == "tests":
-                self.tests_busy = False
+            while (task := self.next()) == "wait":
+                self.cond.wait()
+            return task  # type: ignore[return-value]
+
+    def next(self) -> Union[Tuple[str, int, List[str]], None, str]:
+        """The next task; "wait" if there is none until a running one finishes; None when all
+        is done."""
+        ready = {n: self._ready(n) for n in sorted(self.waiting)}
+        for n, files in ready.items():
+            if len(files) == len(self.waiting[n]):
+                return self._start(n, files)
+        if self.mains:
+            return "main", self.mains.pop(0), []
+        for n in sorted(ready, reverse=True):
+            own = [f for f in ready[n] if f in self.own[n]]
+            if own:
+                return self._start(n, own)
+        for n, files in ready.items():
+            if files:
+                return self._start(n, files)
+        return None if not self.waiting and not any(self.running.values()) else "wait"
+
+    def done(self, kind: str, n: int, files: List[str]) -> bool:
+        """Mark a task finished; True when it was the last test batch of chapter n."""
+        with self.cond:
+            self.running[n] -= set(files)
             self.cond.notify_all()
+            return kind == "tests" and n not in self.waiting and not self.running[n]
 
 
 def cmd_check(
@@ -484,25 +532,33 @@ def _check(
             listed = ", ".join(f"{Path(t).name} ({k})" for t, k in row.tests.not_rerun.items())
             print(f"  not rerun (they ran nothing that changed since they last ran): {listed}")
 
-    def work(kind: str, n: int) -> None:
+    def work(kind: str, n: int, files: List[str]) -> None:
         row = rows[n]
         if kind == "main":
             run_main(book, row, keep, verbose, check_prints, threads)
         else:
-            run_chapter_tests(book, row, selector, all_tests, keep, threads)
+            run_chapter_tests(book, row, selector, all_tests, keep, threads, files or None)
+
+    def finished(kind: str, n: int, last_batch: bool) -> None:
         with lock:
-            pending[n] -= 1
+            if kind == "main" or last_batch:
+                pending[n] -= 1
+            if kind == "tests" and last_batch:
+                _no_tests_ran(rows[n])
             if pending[n] == 0:
+                row = rows[n]
                 row.seconds = row.main_seconds + row.tests_seconds
                 report(row)
 
-    plan = _Plan(chosen, mains=True, tests=not mains_only)
+    plan = _Plan(book, chosen, mains=True, tests=not mains_only)
     if jobs == 1:
         for n in chosen:
             print(f"chapter {n:02d}: {book.chapter(n).title} ...", flush=True)
-            work("main", n)
+            work("main", n, [])
+            finished("main", n, False)
             if not mains_only:
-                work("tests", n)
+                work("tests", n, [])
+                finished("tests", n, True)
     else:
         if len(chosen) == 1:
             print(
@@ -513,7 +569,7 @@ def _check(
         else:
             print(
                 f"checking {len(chosen)} chapters with {jobs} workers, one thread each: the "
-                "mains side by side, the tests in chapter order",
+                "mains side by side, each test file through the chapters in order",
                 flush=True,
             )
         errors: List[BaseException] = []
@@ -525,11 +581,11 @@ def _check(
                     return
                 try:
                     work(*task)
+                    finished(task[0], task[1], plan.done(*task))
                 except BaseException as e:  # noqa: BLE001 - reported below, after the others stop
                     errors.append(e)
+                    plan.done(*task)
                     supervise.stop_everything()
-                finally:
-                    plan.done(task[0])
 
         workers = [threading.Thread(target=worker, daemon=True) for _ in range(jobs)]
         for t in workers:
@@ -630,8 +686,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         "-j",
         "--jobs",
         type=int,
-        default=min(2, os.cpu_count() or 1),
-        help="chapters checked side by side, each with one thread (default: 2, or 1 on one core)",
+        default=min((os.cpu_count() or 1) + 1, 4) if (os.cpu_count() or 1) > 1 else 1,
+        help="workers, each running one main or one batch of tests with one thread (default: "
+        "one more than the cores, at most 4, since the tests wait on their servers; 1 on one core)",
     )
     p_check.add_argument(
         "--no-preload",
