@@ -4,7 +4,8 @@ transformers' batched generate as the floor.
     python tools/bench_gpu.py                      # on a machine with a GPU
     python tools/bench_gpu.py --only torch,fi      # some configurations
 
-It writes docs/data/ch17-gpu-bench.md (or --out). The workload is upstream's
+It writes docs/data/ch17-gpu-bench.md (or --out; chapter 18's table is made with
+`--only fi,fi-graphs,transformers --out docs/data/ch18-gpu-bench.md`). The workload is upstream's
 benchmark/offline/bench.py: 256 requests made with random.seed(0), each a prompt of 100..1024
 random token ids below 10,000 and 100..1024 new tokens, temperature 0.6, EOS ignored; the
 model has Qwen3-0.6B's shape (28 layers, 16 query and 8 key/value heads of 128, vocabulary
@@ -59,8 +60,18 @@ QWEN3_0_6B = dict(
 )
 # name -> (what the row says, the engine's settings)
 CONFIGURATIONS: Dict[str, Tuple[str, Dict]] = {
-    "torch": ("torch backend (chapter 05), overlap on", dict(attention_backend="torch")),
-    "fi": ("FlashInfer (chapter 17), overlap on", dict(attention_backend="fi")),
+    "torch": (
+        "torch backend (chapter 05), overlap on",
+        dict(attention_backend="torch", cuda_graph_max_bs=0),
+    ),
+    "fi": (
+        "FlashInfer (chapter 17), overlap on",
+        dict(attention_backend="fi", cuda_graph_max_bs=0),
+    ),
+    "fi-graphs": (
+        "FlashInfer + CUDA graphs up to batch 256 (chapter 18), overlap on",
+        dict(attention_backend="fi"),
+    ),
 }
 
 

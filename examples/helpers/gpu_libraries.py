@@ -25,10 +25,18 @@ STANDINS = Path(__file__).resolve().parent / "standins"
 LIBRARIES = {"flashinfer": "flashinfer", "flash_attn": "sgl_kernel"}  # what -> module to import
 
 
-def use_standins() -> Dict[str, bool]:
+def use_standins(always: bool = False) -> Dict[str, bool]:
     """Make each GPU attention library importable: the real one if it is installed, else its
-    stand-in. Returns, per library, whether it is the stand-in. Call it before the engine
-    imports the library (processes started later inherit the path)."""
+    stand-in (`always`: the stand-ins, even where the real ones are installed, as the tests
+    want, which run on the CPU). Returns, per library, whether it is the stand-in. Call it
+    before the engine imports the library (processes started later inherit the path)."""
+    if always:
+        if str(STANDINS) in sys.path:
+            sys.path.remove(str(STANDINS))
+        sys.path.insert(0, str(STANDINS))  # before everything else: the stand-ins win
+        for module in [m for m in sys.modules if m.split(".")[0] in LIBRARIES.values()]:
+            if not _is_standin(module.split(".")[0]):
+                del sys.modules[module]
     missing = [m for m in LIBRARIES.values() if importlib.util.find_spec(m) is None]
     if missing and str(STANDINS) not in sys.path:
         sys.path.append(str(STANDINS))  # after everything else: a real library still wins

@@ -5,13 +5,18 @@ need (sequence lengths, offsets, the batch's rows of the page table) and stores 
 `batch.attn_metadata`. Then every layer calls `forward`, which writes the new keys and values
 into the KV pool and attends over each request's tokens. The metadata is built once per batch
 and shared by all layers.
+
+For CUDA graphs (chapter 18), a backend keeps the metadata of decode batches in fixed buffers:
+`init_capture_graph` allocates them for the largest batch, `prepare_for_capture` points a
+capture batch's metadata at them, and `prepare_for_replay` copies a real batch's metadata into
+them before its graph replays.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, List
 
 if TYPE_CHECKING:
     import torch
@@ -36,6 +41,19 @@ class BaseAttnBackend(ABC):
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None: ...
 
+    @abstractmethod
+    def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
+        """Allocate the fixed metadata buffers for decode batches of up to max(bs_list)
+        requests of up to max_seq_len tokens."""
+
+    @abstractmethod
+    def prepare_for_capture(self, batch: Batch) -> None:
+        """Set the metadata of a capture batch (padded_size in bs_list) on the buffers."""
+
+    @abstractmethod
+    def prepare_for_replay(self, batch: Batch) -> None:
+        """Copy the metadata of a prepared decode batch into the buffers its graph reads."""
+
 
 class HybridBackend(BaseAttnBackend):
     """One backend for prefill batches and another for decode batches (their best kernels
@@ -55,3 +73,13 @@ class HybridBackend(BaseAttnBackend):
 
     def prepare_metadata(self, batch: Batch) -> None:
         self._pick(batch).prepare_metadata(batch)
+
+    # graphs are for decode batches only
+    def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
+        self.decode_backend.init_capture_graph(max_seq_len, bs_list)
+
+    def prepare_for_capture(self, batch: Batch) -> None:
+        self.decode_backend.prepare_for_capture(batch)
+
+    def prepare_for_replay(self, batch: Batch) -> None:
+        self.decode_backend.prepare_for_replay(batch)

@@ -4,6 +4,11 @@ There is no plan step: one call per layer takes the ragged queries, each request
 keys, and a page table whose entries are page numbers. The engine's page table holds a slot
 per position (chapter 04); a page's slots are consecutive and start at a multiple of the page
 size, so every page_size-th entry, divided by the page size, is the page number.
+
+For CUDA graphs (chapter 18) the decode metadata lives in fixed buffers: a page table as wide
+as the longest sequence's pages, and the sequence lengths and key offsets; a replay copies the
+batch's values into them. The kernel gets the table's full width and reads only the pages that
+each request's length covers.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from minisgl.utils import device as dev
 from minisgl.utils import is_sm100_supported
 
 from .base import BaseAttnBackend, BaseAttnMetadata
+from .utils import BaseCaptureData
 
 if TYPE_CHECKING:
     from minisgl.models import ModelConfig
@@ -44,6 +50,8 @@ class FlashAttentionBackend(BaseAttnBackend):
         self.page_size = ctx.page_size
         self.scale = config.head_dim**-0.5
         self.version = 4 if is_sm100_supported() else 3  # FlashAttention 4 is for Blackwell
+        self.capture: BaseCaptureData | None = None
+        self.capture_bs: List[int] = []
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
@@ -95,6 +103,34 @@ class FlashAttentionBackend(BaseAttnBackend):
             max_seqlen_q=max_seqlen_q,
             page_table=rows,
         )
+
+    def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
+        assert self.capture is None, "graphs are captured once"
+        max_pages = max_seq_len // self.page_size
+        self.capture = BaseCaptureData.create(max(bs_list), max_pages, self.kvcache.device)
+        self.capture_bs = sorted(bs_list)
+
+    def prepare_for_capture(self, batch: Batch) -> None:
+        bs, capture = batch.padded_size, self.capture
+        assert capture is not None and bs in self.capture_bs
+        batch.attn_metadata = FAMetadata(
+            cu_seqlens_k=capture.cu_seqlens_k[: bs + 1],
+            cu_seqlens_q=capture.cu_seqlens_q[: bs + 1],
+            cache_seqlens=capture.seq_lens[:bs],
+            max_seqlen_k=capture.page_table.shape[1] * self.page_size,
+            max_seqlen_q=1,
+            page_table=capture.page_table[:bs],
+        )
+
+    def prepare_for_replay(self, batch: Batch) -> None:
+        metadata, bs, capture = batch.attn_metadata, batch.padded_size, self.capture
+        assert isinstance(metadata, FAMetadata)
+        assert capture is not None and bs in self.capture_bs
+        # the query offsets are 0, 1, ..., bs in every decode batch: nothing to copy
+        width = metadata.page_table.shape[1]
+        capture.cu_seqlens_k[: bs + 1].copy_(metadata.cu_seqlens_k)
+        capture.seq_lens[:bs].copy_(metadata.cache_seqlens)
+        capture.page_table[:bs, :width].copy_(metadata.page_table)
 
 
 def _fa_sgl_impl(

@@ -9,6 +9,10 @@ the planning is paid once for the whole model.
 The engine's page table holds one KV slot per position (chapter 04). FlashInfer is told that a
 page holds one token: the pool is viewed as [slots, 1, kv_heads, head_dim] and a request's
 "pages" are simply its slots, whatever page size the engine allocates with.
+
+For CUDA graphs (chapter 18) FlashInfer has a decode wrapper whose offsets, indices and last
+page lengths live in buffers given to it once: its `plan` copies a batch's values into them,
+and the kernels captured in the graph read them there. One such wrapper per captured size.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Literal, Union
+from typing import TYPE_CHECKING, Dict, List, Literal, Union
 
 import torch
 
@@ -26,9 +30,14 @@ from minisgl.utils import device as dev
 from minisgl.utils import div_even, init_logger
 
 from .base import BaseAttnBackend, BaseAttnMetadata
+from .utils import BaseCaptureData
 
 if TYPE_CHECKING:
-    from flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper
+    from flashinfer import (
+        BatchDecodeWithPagedKVCacheWrapper,
+        BatchPrefillWithPagedKVCacheWrapper,
+        CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+    )
 
     from minisgl.models import ModelConfig
 
@@ -38,10 +47,26 @@ FlashInferWrapper = Union[
 ]
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's advice for its split-K scratch space
+INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # what a FlashInfer wrapper allocates for its plan
 
 
 def _next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << math.ceil(math.log2(n))
+
+
+@dataclass
+class FICaptureData(BaseCaptureData):
+    """FlashInfer's names for the buffers: with pages of one slot, each request's last page
+    holds one token (a buffer of ones: the sequence lengths at allocation, never written
+    again), and the page table, flattened, holds the ragged indices."""
+
+    @property
+    def one_tensor(self) -> torch.Tensor:
+        return self.seq_lens
+
+    @property
+    def indices(self) -> torch.Tensor:
+        return self.page_table
 
 
 @dataclass
@@ -106,6 +131,10 @@ class FlashInferBackend(BaseAttnBackend):
         self.qo_head_local = div_even(config.num_qo_heads, tp_size)
         self.kv_head_local = div_even(config.num_kv_heads, tp_size, allow_replicate=True)
         self.cached_ones_cpu = torch.ones(0, dtype=torch.int32)
+        # CUDA graphs (chapter 18): one decode wrapper per captured batch size
+        self.capture: FICaptureData | None = None
+        self.capture_bs: List[int] = []
+        self.graph_wrappers: Dict[int, CUDAGraphBatchDecodeWithPagedKVCacheWrapper] = {}
         # plan() stages its indices in a host buffer and copies them to the GPU without
         # waiting; the next plan must not overwrite that buffer before the copy is done
         self.last_event = dev.Event(self.device)
@@ -202,6 +231,47 @@ class FlashInferBackend(BaseAttnBackend):
                 causal=True,
             )
         self.last_event.record()
+
+    def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
+        assert self.capture is None, "graphs are captured once"
+        capture = FICaptureData.create(max(bs_list), max_seq_len, self.device)
+        capture.page_table = capture.page_table.view(-1)  # the ragged indices, one after another
+        self.capture = capture
+        self.capture_bs = sorted(bs_list)
+        self.int_workspace_buffer = torch.empty(
+            INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device
+        )
+
+    def prepare_for_capture(self, batch: Batch) -> None:
+        from flashinfer import CUDAGraphBatchDecodeWithPagedKVCacheWrapper
+
+        bs, capture = batch.padded_size, self.capture
+        assert capture is not None and bs in self.capture_bs and bs not in self.graph_wrappers
+        wrapper = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+            self.float_workspace_buffer,
+            kv_layout="NHD",
+            use_tensor_cores=self.use_tensor_cores,
+            indptr_buffer=capture.cu_seqlens_k[: bs + 1],
+            indices_buffer=capture.indices,
+            last_page_len_buffer=capture.one_tensor[:bs],
+        )
+        # as the other wrappers: FlashInfer's FA2 kernels (the constructor takes no backend)
+        wrapper._backend = "fa2"
+        # a wrapper makes its own 8 MiB for its plan; the graphs' plans are used one at a time
+        wrapper._int_workspace_buffer = self.int_workspace_buffer
+        self.graph_wrappers[bs] = wrapper
+        self.prepare_metadata(batch)
+        metadata = batch.attn_metadata
+        assert isinstance(metadata, FIMetadata)
+        metadata.wrapper = wrapper
+        self._initialize_metadata_once(metadata)  # planned before the capture, not inside it
+
+    def prepare_for_replay(self, batch: Batch) -> None:
+        metadata, bs = batch.attn_metadata, batch.padded_size
+        assert isinstance(metadata, FIMetadata) and not metadata.initialized
+        assert bs in self.graph_wrappers
+        metadata.wrapper = self.graph_wrappers[bs]
+        self._initialize_metadata_once(metadata)  # plan: copies into the wrapper's buffers
 
     def _get_ones_cpu(self, bs: int) -> torch.Tensor:
         """bs ones (every request's last page holds its one token), from a buffer that grows

@@ -23,6 +23,7 @@ from minisgl.utils import device as dev
 from minisgl.utils import div_even, init_logger, torch_dtype
 
 from .config import EngineConfig
+from .graph import GraphRunner
 from .sample import BatchSamplingArgs, Sampler
 
 logger = init_logger(__name__)
@@ -97,6 +98,18 @@ class Engine:
             cache_handle=None,  # type: ignore[arg-type]
         )
         self.page_table[self.dummy_req.table_idx].fill_(num_tokens)
+        self.graph_runner = GraphRunner(
+            stream=self.stream,
+            device=self.device,
+            model=self.model,
+            attn_backend=self.attn_backend,
+            cuda_graph_bs=config.cuda_graph_bs,
+            cuda_graph_max_bs=config.cuda_graph_max_bs,
+            free_memory=free_before_model,
+            max_seq_len=aligned_max_seq_len,
+            vocab_size=config.model_config.vocab_size,
+            dummy_req=self.dummy_req,
+        )
         logger.info_rank0(f"free memory after initialisation: {mem_GB(self._free_memory())}")
 
     def _init_communication(self, config: EngineConfig) -> dist.ProcessGroup | None:
@@ -166,9 +179,13 @@ class Engine:
         return num_pages
 
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
-        """Run a prepared batch (its metadata too), advance its requests, sample a token each."""
-        with self.ctx.forward_batch(batch):
-            logits = self.model.forward()
+        """Run a prepared batch (its metadata too), advance its requests, sample a token each.
+        A decode batch padded to a captured size replays its CUDA graph."""
+        if self.graph_runner.can_use_cuda_graph(batch):
+            logits = self.graph_runner.replay(batch)
+        else:
+            with self.ctx.forward_batch(batch):
+                logits = self.model.forward()
         for req in batch.reqs:
             req.complete_one()
         next_tokens_gpu = self.sampler.sample(logits[: batch.size], args).to(torch.int32)
@@ -180,6 +197,7 @@ class Engine:
     def shutdown(self) -> None:
         """Release the global state, so that another engine can start in this process."""
         dev.synchronize(self.device)
+        self.graph_runner.destroy_cuda_graphs()
         if self.tp_cpu_group is not None:
             dist.destroy_process_group()
             destroy_distributed()

@@ -256,7 +256,7 @@ class Scheduler(SchedulerIOMixin, SchedulerGuardMixin):
         self.cache_manager.cache_req(req, finished=True)
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
-        batch.padded_reqs = batch.reqs  # chapter 18 pads decode batches to a graph's size
+        self.engine.graph_runner.pad_batch(batch)  # a decode batch: up to a graph's size
         self.cache_manager.allocate_paged(batch.reqs)
         batch.positions = _make_positions(batch, self.device)
         input_mapping = _make_input_tuple(batch, self.device)

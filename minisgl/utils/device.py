@@ -3,16 +3,20 @@
 On CUDA these are the real things. On the CPU there is one implicit queue: work runs when it
 is issued, so a stream is a no-op, an event is complete as soon as it is recorded, and pinned
 memory is plain memory. The engine and the scheduler are written once against this module,
-and the same code path (the overlap scheduler's one-step delay included) runs on both.
+and the same code path (the overlap scheduler's one-step delay included) runs on both. A CUDA
+graph (chapter 18) has nothing to speed up on the CPU; there `Graph` keeps a graph's rules
+instead (minisgl/utils/cpu_graph.py).
 """
 
 from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import Any, Iterator, List
+from typing import Any, Callable, Iterator, List
 
 import torch
+
+from .cpu_graph import EmulatedGraph
 
 
 def default_device(rank: int = 0) -> torch.device:
@@ -90,6 +94,36 @@ class Event:
 
     def query(self) -> bool:
         return True if self.raw is None else bool(self.raw.query())
+
+
+class Graph:
+    """Device work captured once and launched again as a whole: a torch.cuda.CUDAGraph on
+    CUDA; on the CPU an emulation that refuses what a real graph cannot do."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.raw = torch.cuda.CUDAGraph() if is_cuda(device) else None
+        self.emulated = None if self.raw is not None else EmulatedGraph()
+
+    def capture(self, step: Callable[[], None], stream: Stream, pool: Any = None) -> None:
+        """Capture what `step` launches, on `stream`, allocating from the memory `pool` of
+        another graph if given (graphs that never run at once can share their memory)."""
+        if self.raw is not None:
+            with torch.cuda.graph(self.raw, pool=pool, stream=stream.raw):
+                step()
+        else:
+            assert self.emulated is not None
+            self.emulated.capture(step)
+
+    def pool(self) -> Any:
+        """A handle on the memory this graph allocated from (None on the CPU)."""
+        return self.raw.pool() if self.raw is not None else None
+
+    def replay(self) -> None:
+        if self.raw is not None:
+            self.raw.replay()
+        else:
+            assert self.emulated is not None
+            self.emulated.replay()
 
 
 def synchronize(device: torch.device) -> None:

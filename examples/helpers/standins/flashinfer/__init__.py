@@ -7,10 +7,16 @@ was given; `run` uses that copy and the tensors it is handed, nothing else, so a
 plans with the wrong lengths or indices gets wrong numbers here as it would on the GPU.
 Pages follow FlashInfer's convention: request b owns pages indices[indptr[b]:indptr[b + 1]],
 all full except the last, which holds last_page_len[b] tokens.
+
+The CUDA-graph decode wrapper (chapter 18) is different by design: it is given buffers once,
+`plan` copies the offsets, indices and last page lengths into them, and `run` reads them there,
+as the kernels captured in a graph do. A `run` is a kernel: the graph emulation of
+minisgl/utils/cpu_graph.py does not look inside it (it runs under DisableTorchFunction).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import List, Optional, Tuple, Union
@@ -138,9 +144,23 @@ class _Wrapper:
         *,
         out: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
+        result = torch.empty_like(q) if out is None else out  # allocated where a graph sees it
+        with torch._C.DisableTorchFunction():  # a kernel: opaque to the graph emulation
+            return self._run(q, paged_kv_cache, result)
+
+    def _planned(self) -> _Plan:
         plan = self._plan
         if plan is None:
             raise RuntimeError(f"{type(self).__name__}.run() before plan()")
+        return plan
+
+    def _run(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
+        result: torch.Tensor,
+    ) -> torch.Tensor:
+        plan = self._planned()
         if not isinstance(paged_kv_cache, tuple):
             raise NotImplementedError("the stand-in takes the cache as a (k_cache, v_cache) pair")
         k_cache, v_cache = paged_kv_cache
@@ -165,7 +185,6 @@ class _Wrapper:
                 )
         if plan.indices.numel() and int(plan.indices.max()) >= k_cache.shape[0]:
             raise IndexError(f"a page index is beyond the cache's {k_cache.shape[0]} pages")
-        result = torch.empty_like(q) if out is None else out
         for b in range(len(plan.last_page_len)):
             rows = slice(plan.qo_indptr[b], plan.qo_indptr[b + 1])
             pages = plan.indices[plan.kv_indptr[b] : plan.kv_indptr[b + 1]].long()
@@ -219,12 +238,41 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         kv_layout: str = "NHD",
         use_cuda_graph: bool = False,
         use_tensor_cores: bool = False,
+        paged_kv_indptr_buffer: Optional[torch.Tensor] = None,
+        paged_kv_indices_buffer: Optional[torch.Tensor] = None,
+        paged_kv_last_page_len_buffer: Optional[torch.Tensor] = None,
         backend: str = "auto",
     ) -> None:
         super().__init__(float_workspace_buffer, kv_layout, backend)
-        if use_cuda_graph:
-            raise NotImplementedError("CUDA graphs come with chapter 18")
         self._use_tensor_cores = use_tensor_cores
+        self._use_cuda_graph = use_cuda_graph
+        self._fixed_batch_size = 0
+        if use_cuda_graph:
+            buffers = (
+                paged_kv_indptr_buffer,
+                paged_kv_indices_buffer,
+                paged_kv_last_page_len_buffer,
+            )
+            names = (
+                "paged_kv_indptr_buffer",
+                "paged_kv_indices_buffer",
+                "paged_kv_last_page_len_buffer",
+            )
+            for name, buffer in zip(names, buffers):
+                if not torch.is_tensor(buffer):
+                    raise ValueError(f"{name} should be a torch.Tensor in cudagraph mode")
+                if buffer.dtype != torch.int32 or buffer.device != self.device:  # type: ignore[union-attr]
+                    raise ValueError(f"{name} must be int32 on {self.device}")
+            self._fixed_batch_size = len(paged_kv_last_page_len_buffer)  # type: ignore[arg-type]
+            if len(paged_kv_indptr_buffer) != self._fixed_batch_size + 1:  # type: ignore[arg-type]
+                raise ValueError("The size of paged_kv_indptr_buffer should be batch_size + 1")
+        self._paged_kv_indptr_buf = paged_kv_indptr_buffer
+        self._paged_kv_indices_buf = paged_kv_indices_buffer
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
 
     @property
     def use_tensor_cores(self) -> bool:
@@ -252,11 +300,68 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
             kv_data_type = data_type if kv_data_type is None else kv_data_type
         batch_size = len(last_page_len)
         self._plan = None
-        self._plan = self._make_plan(
+        plan = self._make_plan(
             list(range(batch_size + 1)), indptr, indices, last_page_len, num_qo_heads,
             num_kv_heads, head_dim, page_size, pos_encoding_mode, q_data_type, kv_data_type,
             sm_scale, seq_lens,
         )  # fmt: skip
+        if self._use_cuda_graph:  # into the buffers the captured kernels read
+            assert self._paged_kv_indices_buf is not None
+            if batch_size != self._fixed_batch_size:
+                raise ValueError(
+                    f"The batch size should be fixed in cudagraph mode, the runtime batch size "
+                    f"{batch_size} mismatches the batch size set during initialization "
+                    f"{self._fixed_batch_size}"
+                )
+            if len(indices) > len(self._paged_kv_indices_buf):
+                raise ValueError(
+                    "The size of indices should be less than or equal to the allocated buffer"
+                )
+            self._paged_kv_indptr_buf.copy_(indptr)  # type: ignore[union-attr]
+            self._paged_kv_last_page_len_buf.copy_(last_page_len)  # type: ignore[union-attr]
+            self._paged_kv_indices_buf[: len(indices)].copy_(indices)
+        self._plan = plan
+
+    def _planned(self) -> _Plan:
+        """In cudagraph mode the offsets, indices and last page lengths are read from the
+        buffers at every run, whatever they hold by then; the rest is the plan's."""
+        plan = super()._planned()
+        if not self._use_cuda_graph:
+            return plan
+        kv_indptr = _host_ints(self._paged_kv_indptr_buf, "paged_kv_indptr_buffer")  # type: ignore[arg-type]
+        return dataclasses.replace(
+            plan,
+            kv_indptr=kv_indptr,
+            indices=self._paged_kv_indices_buf[: kv_indptr[-1]],  # type: ignore[index]
+            last_page_len=_host_ints(self._paged_kv_last_page_len_buf, "last_page_len_buffer"),  # type: ignore[arg-type]
+        )
 
 
-__all__ = ["BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper"]
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """The decode wrapper for CUDA graphs: a fixed batch size, and buffers given once."""
+
+    def __init__(
+        self,
+        workspace_buffer: torch.Tensor,
+        indptr_buffer: torch.Tensor,
+        indices_buffer: torch.Tensor,
+        last_page_len_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_tensor_cores: bool = False,
+    ) -> None:
+        super().__init__(
+            workspace_buffer,
+            kv_layout,
+            use_cuda_graph=True,
+            use_tensor_cores=use_tensor_cores,
+            paged_kv_indptr_buffer=indptr_buffer,
+            paged_kv_indices_buffer=indices_buffer,
+            paged_kv_last_page_len_buffer=last_page_len_buffer,
+        )
+
+
+__all__ = [
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+]

@@ -48,6 +48,33 @@ def flash_attn_with_kvcache(
     return_softmax_lse: bool = False,
     ver: int = 3,
 ) -> torch.Tensor:
+    out = torch.empty_like(q)  # allocated where chapter 18's graph emulation sees it
+    with torch._C.DisableTorchFunction():  # a kernel: opaque to that emulation
+        return _attention(
+            q, k_cache, v_cache, k, v, cache_seqlens, page_table, cu_seqlens_q,
+            max_seqlen_q, softmax_scale, causal, window_size, softcap, return_softmax_lse, ver,
+            out,
+        )  # fmt: skip
+
+
+def _attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor],
+    v: Optional[torch.Tensor],
+    cache_seqlens: Optional[torch.Tensor],
+    page_table: Optional[torch.Tensor],
+    cu_seqlens_q: Optional[torch.Tensor],
+    max_seqlen_q: Optional[int],
+    softmax_scale: Optional[float],
+    causal: bool,
+    window_size: Tuple[int, int],
+    softcap: float,
+    return_softmax_lse: bool,
+    ver: int,
+    out: torch.Tensor,
+) -> torch.Tensor:
     if k is not None or v is not None:
         raise NotImplementedError("the stand-in reads the cache only: store k and v before")
     if not causal or window_size != (-1, -1) or softcap != 0.0 or return_softmax_lse:
@@ -78,7 +105,6 @@ def flash_attn_with_kvcache(
     if lengths and max(lengths) > table.shape[1] * page_size:
         raise ValueError("a request has more keys than its row of page_table can address")
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    out = torch.empty_like(q)
     for b in range(batch):
         rows = slice(offsets[b], offsets[b + 1])
         if offsets[b + 1] - offsets[b] > lengths[b]:
