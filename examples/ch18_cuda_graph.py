@@ -105,6 +105,8 @@ def show_padding() -> None:
 # ------------------------------------------------------------------------------- mistakes
 def host_read_in_the_step() -> str:
     """The torch backend made to read a length on the host in every layer."""
+    if book_device() != "cpu":  # CUDA refuses it itself, and may leave its context unusable
+        return "refused at capture by CUDA (not tried here: the rest of this main needs CUDA)"
     original = TorchNativeBackend.forward
 
     def reads_a_length(self, q, k, v, layer_id, batch):  # type: ignore[no-untyped-def]
@@ -114,7 +116,7 @@ def host_read_in_the_step() -> str:
     with patched(TorchNativeBackend, "forward", reads_a_length):
         try:
             make_llm(DEMO_MODEL).shutdown()
-        except (GraphContractError, RuntimeError) as e:  # RuntimeError: CUDA's own refusal
+        except GraphContractError as e:
             clear_global_ctx()  # the engine stopped half-built
             reset_tp_info()
             return f"refused at capture: {str(e).splitlines()[0]}"
