@@ -12,6 +12,7 @@ import torch
 
 from minisgl.distributed import DistributedInfo
 from minisgl.scheduler import SchedulerConfig
+from minisgl.utils import device as dev
 from minisgl.utils import init_logger
 
 
@@ -216,7 +217,8 @@ def _tp_problem(tp_size: int, model_path: str) -> str | None:
     """Why `tp_size` ranks cannot share this model (None: they can)."""
     if tp_size == 1:
         return None
-    if torch.cuda.is_available() and torch.cuda.device_count() < tp_size:
+    on_gpu = dev.is_cuda(dev.default_device())  # not with MINISGL_DEVICE=cpu
+    if on_gpu and torch.cuda.device_count() < tp_size:
         return f"this machine has {torch.cuda.device_count()} GPU(s), one per rank is needed"
     from minisgl.models import ModelConfig
     from minisgl.utils import cached_load_hf_config
