@@ -157,6 +157,10 @@ class Selector:
     def seconds(self, argument: str) -> float:
         """How long a pytest argument (a node id, or a whole file) took when it last ran; a
         guess for what never ran."""
+        with self.lock:
+            return self._seconds(argument)
+
+    def _seconds(self, argument: str) -> float:
         if "::" in argument:
             record = self.records.get(argument)
             return record.seconds if record is not None else 1.0

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List
+from typing import TYPE_CHECKING, List
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +57,6 @@ class TorchNativeBackend(BaseAttnBackend):
         self.scale = 1.0 / math.sqrt(config.head_dim)
         self.capture: TorchCaptureData | None = None
         self.capture_bs: List[int] = []
-        self.graph_metadata: Dict[int, TorchNativeMetadata] = {}
 
     def prepare_metadata(self, batch: Batch) -> None:
         reqs = batch.padded_reqs
@@ -129,7 +128,7 @@ class TorchNativeBackend(BaseAttnBackend):
         bs, capture = batch.padded_size, self.capture
         assert capture is not None and bs in self.capture_bs
         kv_valid = capture.kv_valid[:bs]
-        self.graph_metadata[bs] = batch.attn_metadata = TorchNativeMetadata(
+        batch.attn_metadata = TorchNativeMetadata(
             cu_seqlens_q=capture.cu_seqlens_q[: bs + 1],
             query_index=capture.rows[:bs, None],
             out_index=capture.rows[:bs],

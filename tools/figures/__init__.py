@@ -32,6 +32,7 @@ from tools.figures.chapters import (
     ch15,
     ch16,
     ch17,
+    ch18,
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "figures"
@@ -74,6 +75,8 @@ FIGURES: dict[str, Callable[[], str]] = {
     "ch16-layer-on-ranks": ch16.fig_layer_on_ranks,
     "ch17-three-tables": ch17.fig_three_tables,
     "ch17-plan-run": ch17.fig_plan_run,
+    "ch18-capture-replay": ch18.fig_capture_replay,
+    "ch18-padding": ch18.fig_padding,
 }
 
 
