@@ -237,9 +237,6 @@ def run_main(
         _finish_tree(work, keep, chapter)
 
 
-# A carried-forward test file that took longer than this where it last ran goes through the
-# chapters in batches of its own (_Plan).
-HEAVY_S = 15.0
 # A chapter's tests expected to take longer than this (from their last run) are shared between
 # two pytest processes, test file by test file: the tests run chapter after chapter, and alone
 # they would keep one core busy while the other waits (the mains finish long before them).
@@ -415,22 +412,11 @@ class _Plan:
     other. A chapter's tests therefore go in batches: test files whose earlier chapters are done.
 
     A free worker takes, in this order: the tests of the earliest chapter whose test files are
-    all ready; else a main (the later chapters' first: they take longest); else a chapter's own
-    test files, which wait for nothing (the later chapters' first); else the ready part of the
-    earliest chapter's tests; else it waits for a batch to finish. A test file that took more
-    than HEAVY_S seconds where it last ran (`seconds`) goes in a batch of its own, the longest
-    first: it then moves on to the next chapter as soon as it is done, without waiting for the
-    other files of its chapter."""
+    all ready (one batch, one tree); else a main (the later chapters' first: they take longest);
+    else a chapter's own test files, which wait for nothing (the later chapters' first); else the
+    ready part of the earliest chapter's tests; else it waits for a batch to finish."""
 
-    def __init__(
-        self,
-        book: Book,
-        chosen: List[int],
-        mains: bool,
-        tests: bool,
-        seconds: Callable[[str], float] = lambda test_file: 0.0,
-    ) -> None:
-        self.seconds = seconds
+    def __init__(self, book: Book, chosen: List[int], mains: bool, tests: bool) -> None:
         self.mains = sorted(chosen, reverse=True) if mains else []
         self.waiting: Dict[int, List[str]] = (
             {n: list(book.tests_at(n)) for n in sorted(chosen)} if tests else {}
@@ -446,9 +432,6 @@ class _Plan:
         return [f for f in self.waiting[n] if f not in busy]
 
     def _start(self, n: int, files: List[str]) -> Tuple[str, int, List[str]]:
-        heavy = sorted((f for f in files if self.seconds(f) > HEAVY_S), key=self.seconds)
-        if heavy:
-            files = heavy[-1:]
         self.waiting[n] = [f for f in self.waiting[n] if f not in files]
         if not self.waiting[n]:
             del self.waiting[n]
@@ -567,7 +550,7 @@ def _check(
                 row.seconds = row.main_seconds + row.tests_seconds
                 report(row)
 
-    plan = _Plan(book, chosen, mains=True, tests=not mains_only, seconds=selector.seconds)
+    plan = _Plan(book, chosen, mains=True, tests=not mains_only)
     if jobs == 1:
         for n in chosen:
             print(f"chapter {n:02d}: {book.chapter(n).title} ...", flush=True)
