@@ -152,6 +152,16 @@ def test_hybrid_backend_routes_by_phase() -> None:
         def prepare_metadata(self, batch) -> None:
             calls.append(f"{self.name}.prepare")
 
+        # the CUDA-graph hooks of chapter 18's interface (tests/test_ch18_cuda_graph.py)
+        def init_capture_graph(self, max_seq_len, bs_list) -> None:
+            calls.append(f"{self.name}.init_capture_graph")
+
+        def prepare_for_capture(self, batch) -> None:
+            calls.append(f"{self.name}.prepare_for_capture")
+
+        def prepare_for_replay(self, batch) -> None:
+            calls.append(f"{self.name}.prepare_for_replay")
+
     hybrid = HybridBackend(Recorder("p"), Recorder("d"))
     for phase in ("prefill", "decode"):
         batch = Batch(reqs=[], phase=phase)

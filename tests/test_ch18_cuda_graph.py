@@ -103,6 +103,39 @@ def test_graphs_give_the_eager_engines_tokens(backend: str, eager_tokens) -> Non
     assert replayed == {4: 7, 2: 8, 1: 8}  # 3 requests for 7 steps, then 2 for 8, then 1
 
 
+def test_the_hybrid_backend_captures_with_its_decode_backend() -> None:
+    from minisgl.attention.base import BaseAttnBackend, HybridBackend
+
+    calls: List[str] = []
+
+    class Recorder(BaseAttnBackend):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def forward(self, q, k, v, layer_id, batch):  # type: ignore[no-untyped-def]
+            return q
+
+        def prepare_metadata(self, batch) -> None:  # type: ignore[no-untyped-def]
+            calls.append(f"{self.name}.prepare_metadata")
+
+        def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
+            calls.append(f"{self.name}.init_capture_graph")
+
+        def prepare_for_capture(self, batch) -> None:  # type: ignore[no-untyped-def]
+            calls.append(f"{self.name}.prepare_for_capture")
+
+        def prepare_for_replay(self, batch) -> None:  # type: ignore[no-untyped-def]
+            calls.append(f"{self.name}.prepare_for_replay")
+
+    hybrid = HybridBackend(Recorder("prefill"), Recorder("decode"))
+    batch = Batch(reqs=[], phase="decode")
+    hybrid.init_capture_graph(64, SIZES)
+    hybrid.prepare_for_capture(batch)
+    hybrid.prepare_for_replay(batch)
+    assert calls == ["decode.init_capture_graph", "decode.prepare_for_capture",
+                     "decode.prepare_for_replay"]  # fmt: skip
+
+
 # ------------------------------------------------------------------------ what goes wrong
 def test_an_input_not_copied_into_its_buffer_gives_wrong_tokens(eager_tokens) -> None:
     def copy_from(self: GraphCaptureBuffer, batch: Batch) -> None:

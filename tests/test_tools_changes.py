@@ -59,6 +59,11 @@ def test_a_new_method_can_override_one_so_its_name_counts():
     assert dunder.names == {"Pool"}
     # a class attribute (a dataclass field) changes the class and the attribute
     assert change(BASE, BASE.replace("size: int = 8", "size: int = 16")).names == {"Pool", ".size"}
+    # an abstract method changes the class: a subclass that lacks it can no longer be made
+    # (chapter 18's hooks made a test's own backend class abstract)
+    with_hook = BASE + "\n        @abstractmethod\n        def hook(self): ...\n"
+    assert change(BASE, with_hook).names == {"Pool", ".hook"}
+    assert change(with_hook, BASE).names == {"Pool", ".hook"}
 
 
 def test_a_registration_and_a_statement_run_at_import():

@@ -11,7 +11,8 @@ could reach a test:
   else when what it is bound to changed (a signature, a decorator, a base class, a class
   attribute, the value of an assignment, the source of an import) or when it is gone; a name
   that is new means nothing else, since code that read it before would have failed (unless
-  it hides a builtin, or it is a method, which can override one it inherits). An object
+  it hides a builtin, or it is a method, which can override one it inherits; an abstract
+  method, new or gone, changes its class: it decides whether a subclass can be made). An object
   changed at import also counts as a name: a registry that gained an entry. And what a name
   means spreads: a statement run at import that reads a changed name binds changed names (a
   subclass of a changed class, a re-export);
@@ -406,9 +407,11 @@ def diff(old: Optional[ModuleSummary], new: Optional[ModuleSummary]) -> FileChan
             if ma == mb:
                 continue
             is_method = (ma or mb or "").startswith(("FunctionDef", "AsyncFunctionDef"))
+            # an abstract method decides whether the class's subclasses can be made at all
+            abstract = "abstractmethod" in (ma or "") + (mb or "")
             if not _is_dunder(member):
                 change.names.add("." + member)
-            if _is_dunder(member) or not is_method:  # dunders and fields act through the class
+            if _is_dunder(member) or not is_method or abstract:  # they act through the class
                 change.names.add(name)
     for name in set(a.bindings) | set(new.bindings):
         was, now = a.bindings.get(name), new.bindings.get(name)
