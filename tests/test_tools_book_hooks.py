@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tools.book import Book
+import pytest
+
+from tools.book import Book, BookError
 from tools.book_hooks import ANIMATION_RE, expand
 from tools.figures import FIGURES
 
@@ -72,6 +74,14 @@ def test_a_figure_keeps_its_text_legible_and_links_to_its_file() -> None:
     width = int(re.search(r"--book-figure-min: (\d+)px", shown)[1])
     assert abs(width * smallest / 940 - 12) < 0.02  # 940: the figure's viewBox width
     assert "[Open the figure full size](../figures/ch09-tree.svg)" in shown
+
+
+def test_a_figure_with_its_caption_inside_its_frame_is_refused() -> None:
+    """Framed any other way, the figure would shrink on a phone (chapter 18's first draft)."""
+    include = '--8<-- "docs/figures/ch09-tree.svg"'
+    page = f'<div class="book-figure" markdown>\n{include}\n\n*A caption.*\n</div>\n'
+    with pytest.raises(BookError, match="a figure goes alone in its frame"):
+        expand(page, "chapters/ch09-radix.md", BOOK)
 
 
 def test_a_changed_function_shows_its_changed_lines_and_a_diff_from_both_versions() -> None:

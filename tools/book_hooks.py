@@ -52,6 +52,10 @@ FIGURE_RE = re.compile(
     r'^<div class="book-figure" markdown>\n--8<-- "docs/(?P<path>figures/[\w.-]+\.svg)"\n</div>$',
     re.M,
 )
+# a figure's include that FIGURE_RE did not frame (the caption inside the frame, say)
+STRAY_FIGURE_RE = re.compile(
+    r'^(?!<div class="book-figure" style=)[^\n]*\n(--8<-- "docs/figures/[^"]+")$', re.M
+)
 SMALLEST_TEXT_PX = 12  # a figure never shows text smaller than this; narrower screens scroll it
 
 
@@ -457,6 +461,12 @@ def expand(markdown: str, page_path: str, book: Optional[Book] = None) -> str:
         markdown = CHALLENGES_RE.sub(lambda m: render_challenges(book, depth), markdown)
         markdown = ANIMATION_RE.sub(lambda m: render_animation(m["name"]), markdown)
         markdown = FIGURE_RE.sub(lambda m: render_figure(m, depth), markdown)
+        if stray := STRAY_FIGURE_RE.search(markdown):
+            raise BookError(
+                f"{stray[1]}: a figure goes alone in its frame, its caption after it: "
+                '<div class="book-figure" markdown>, the include, </div> (then it scrolls on '
+                "a phone instead of shrinking its text below 12 px)"
+            )
     except BookError as e:
         raise BookError(f"{page_path}: {e}") from e
     return markdown
