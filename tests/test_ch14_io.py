@@ -5,6 +5,7 @@ saying so when a rank never comes."""
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 import tempfile
@@ -15,6 +16,7 @@ from typing import Dict, List
 import pytest
 import torch
 
+import minisgl.scheduler.config as scheduler_config
 from minisgl.core import SamplingParams
 from minisgl.distributed import DistributedInfo
 from minisgl.message import (
@@ -56,6 +58,18 @@ def test_every_config_has_addresses_of_its_own() -> None:
     assert str(os.getpid()) in a.zmq_backend_addr  # another process gets others
     rank1 = replace(a, tp_info=DistributedInfo(1, 2))
     assert [getattr(rank1, f) for f in fields] == addresses[:3]  # one server's ranks share them
+
+
+def test_a_pid_that_comes_back_gets_new_addresses(monkeypatch) -> None:
+    """A pid is used again once the system has used the others (32,768 here), and a killed
+    server leaves its files behind. Chapter 16's ranks meet in such a file: a new server that
+    met in the old one would read the dead ranks' ports (gloo: "connection refused")."""
+    first = config()
+    count = int(first._unique_suffix.split("-")[1])
+    monkeypatch.setattr(scheduler_config, "_COUNTER", itertools.count(count))  # same pid, count
+    again = config()
+    assert again._unique_suffix.split("-")[:2] == first._unique_suffix.split("-")[:2]
+    assert again.zmq_backend_addr != first.zmq_backend_addr
 
 
 def user(uid: int, prompt: List[int], n: int) -> UserMsg:

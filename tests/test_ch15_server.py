@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import termios
 import threading
 import time
@@ -303,7 +304,10 @@ def test_a_dead_scheduler_fails_every_request_at_once(model_path) -> None:
         assert status == 503 and "minisgl-TP0-scheduler (exit code -9)" in text, text
         status, text = server.get("/health")
         assert status == 503 and json.loads(text)["status"] == "unhealthy"
+        launcher = server.process.pid if server.process else -1
         assert server.stop() == 0  # and the launcher still stops the other workers
+    # the killed scheduler never closed its socket: the launcher deletes what it left
+    assert not list(Path(tempfile.gettempdir()).glob(f"minisgl-{launcher}-*"))
 
 
 def test_two_tokenizer_workers_serve_in_order(server, expected) -> None:

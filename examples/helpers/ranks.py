@@ -24,6 +24,7 @@ from minisgl.message import (
     UserMsg,
 )
 from minisgl.scheduler import SchedulerConfig
+from minisgl.server.launch import remove_leftover_files
 from minisgl.utils import ZmqPullQueue, ZmqPushQueue, worker_context
 from tools.processes import finish, receive, stopped_on_exit
 
@@ -88,4 +89,5 @@ class Ranks:
         finally:
             self._stopper.__exit__(*exc)
             self.requests.stop()
+            remove_leftover_files(self.config)
             self.replies.stop()

@@ -10,6 +10,8 @@ With --num-tokenizer 0 (the default) one worker both tokenizes and detokenizes.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import logging
 import multiprocessing as mp
 import os
@@ -19,12 +21,15 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from multiprocessing.process import BaseProcess
-from typing import Dict, List
+from typing import TYPE_CHECKING, Dict, List
 
 from minisgl.distributed import DistributedInfo
 from minisgl.utils import init_logger, make_stoppable, worker_context
 
 from .args import ServerArgs, parse_args
+
+if TYPE_CHECKING:
+    from minisgl.scheduler import SchedulerConfig
 
 logger = init_logger(__name__, "launcher")
 START_TIMEOUT_S = 1800.0  # loading a large model from the Hub can take a while
@@ -102,12 +107,22 @@ class _Relay:
         self.ack_queue.put((self.name, {"message": message, "pid": os.getpid()}))
 
 
+def remove_leftover_files(args: SchedulerConfig) -> None:
+    """Delete what the server's processes leave in the temporary folder when they are killed
+    before they close it: their Unix sockets and the file where the ranks met."""
+    prefix = args._ipc_addr("").removeprefix("ipc://")
+    for path in glob.glob(glob.escape(prefix) + "*"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 @dataclass
 class Backend:
     """The worker processes of one server."""
 
     processes: List[BaseProcess]
     max_seq_len: int  # the longest sequence the engine takes (prompt and output)
+    args: ServerArgs
 
     def dead(self) -> List[str]:
         return [f"{p.name} (exit code {p.exitcode})" for p in self.processes if not p.is_alive()]
@@ -123,6 +138,7 @@ class Backend:
             if p.is_alive():
                 p.kill()
                 p.join(5.0)
+        remove_leftover_files(self.args)
 
 
 def start_backend(args: ServerArgs, for_shell: bool = False) -> Backend:
@@ -164,7 +180,7 @@ def start_backend(args: ServerArgs, for_shell: bool = False) -> Backend:
                 kwargs=dict(worker, addr=args.zmq_tokenizer_addr_of(i), tokenizer_id=i),
             )
         )
-    backend = Backend(processes, max_seq_len=0)
+    backend = Backend(processes, max_seq_len=0, args=args)
     for p in processes:
         p.start()
     logger.info(f"loading {args.model_path} in the scheduler; starting the tokenizer workers")

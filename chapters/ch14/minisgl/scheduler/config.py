@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import tempfile
 from dataclasses import dataclass, field
 
@@ -11,10 +12,11 @@ _COUNTER = itertools.count()
 
 
 def _unique_suffix() -> str:
-    """Different for every config made, in this process and in any other on the machine (the
-    pid, and a count within the process); copies made with dataclasses.replace keep it, so the
-    ranks of one server share their addresses."""
-    return f"{os.getpid()}-{next(_COUNTER)}"
+    """Different for every config made, in this process and in any other on the machine, now or
+    later: the pid, a count within the process, and random digits (a pid comes back once the
+    system has used the others, and a killed server leaves its files behind). Copies made with
+    dataclasses.replace keep it, so the ranks of one server share their addresses."""
+    return f"{os.getpid()}-{next(_COUNTER)}-{secrets.token_hex(3)}"
 
 
 @dataclass(frozen=True)
