@@ -176,9 +176,9 @@ def test_hybrid_backend_routes_by_phase() -> None:
 def test_prefill_and_decode_logits_match_transformers(name: str, ctx, model_path) -> None:
     """Through the backend: the prefill's last-token logits and three decode steps' logits
     equal transformers' for the same sequence."""
+    hf = AutoModelForCausalLM.from_pretrained(model_path(name), dtype=torch.float32)
     ch05 = load_example("examples/ch05_attention.py")
     _, model, allocator = ch05.setup(name, num_pages=8, page_size=16, rows=1, max_len=64)
-    hf = AutoModelForCausalLM.from_pretrained(model_path(name), dtype=torch.float32)
     g = torch.Generator().manual_seed(5)
     tokens = torch.randint(3, 49152, (20,), generator=g).tolist()
     req = ch05.make_req(tokens[:17], slot=0, output_len=8)

@@ -33,7 +33,7 @@ from tools.parity import build_prompts, hf_references, load_tokenizer
 openai = pytest.importorskip("openai", reason="the official openai client is not installed")
 
 MODEL = "tiny-qwen3"  # SmolLM2's tokenizer and chat template, a small random model
-FLAGS = ("--num-pages", "1024", "--page-size", "4")
+FLAGS = ("--num-pages", "1024", "--page-size", "4", "--dtype", "float32")  # bf16 on a GPU
 # the module's server: two tokenizer workers, so that every test also shows they keep order
 # (the main and the shell tests run the default, one worker for both directions)
 SERVER_FLAGS = (*FLAGS, "--num-tokenizer", "2")
@@ -457,7 +457,8 @@ UPSTREAM_FLAGS = ["--model-path", "--dtype", "--tp-size", "--max-running-request
                   "--shell-mode"]  # fmt: skip
 
 
-def test_the_command_line(capsys) -> None:
+def test_the_command_line(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("MINISGL_DEVICE", "cpu")  # "auto" on a GPU reads the model's config
     args, shell = parse_args(["--model", "some/model", "--port", "8000", "--num-tokenizer", "2"])
     assert (args.server_port, args.num_tokenizer, shell) == (8000, 2, False)
     assert args.dtype == torch.float32  # on a CPU, whatever the checkpoint says

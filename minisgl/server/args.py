@@ -237,7 +237,7 @@ def _tp_problem(tp_size: int, model_path: str) -> str | None:
 def _resolve_dtype(name: str, model_path: str) -> torch.dtype:
     if name != "auto":
         return getattr(torch, name)
-    if not torch.cuda.is_available():
+    if not dev.is_cuda(dev.default_device()):
         return torch.float32  # a CPU computes 16-bit types slowly, and the book checks float32
     from minisgl.utils import cached_load_hf_config
 

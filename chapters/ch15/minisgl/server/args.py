@@ -12,6 +12,7 @@ import torch
 
 from minisgl.distributed import DistributedInfo
 from minisgl.scheduler import SchedulerConfig
+from minisgl.utils import device as dev
 from minisgl.utils import init_logger
 
 
@@ -214,7 +215,7 @@ def parse_args(args: List[str], run_shell: bool = False) -> Tuple[ServerArgs, bo
 def _resolve_dtype(name: str, model_path: str) -> torch.dtype:
     if name != "auto":
         return getattr(torch, name)
-    if not torch.cuda.is_available():
+    if not dev.is_cuda(dev.default_device()):
         return torch.float32  # a CPU computes 16-bit types slowly, and the book checks float32
     from minisgl.utils import cached_load_hf_config
 
