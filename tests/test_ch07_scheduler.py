@@ -13,14 +13,12 @@ from minisgl.message import AbortBackendMsg
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.scheduler import _make_input_tuple, _make_positions, _make_write_tuple
 from minisgl.scheduler.table import TableManager
-from tests.support import load_example, requires_model
+from tests.support import load_example, requires_model, step0_reference
 from tools.parity import build_prompts
 
 
 def reference(model_path, name: str, prompts: List[List[int]], n: int) -> List[List[int]]:
-    step0 = load_example("examples/ch00_step0.py")
-    model = step0.Step0Model(model_path(name))
-    return [model.generate(p, n) for p in prompts]
+    return step0_reference(model_path(name), prompts, n)
 
 
 PROMPTS = [[9, 120, 3001], [77, 15, 16, 17, 18, 19, 20, 21, 22, 23], [5], [400, 401, 402, 403]]

@@ -16,14 +16,13 @@ from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.prefill import PrefillAdder
 from minisgl.scheduler.table import TableManager
 from minisgl.scheduler.utils import PendingReq
-from tests.support import load_example
+from tests.support import step0_reference
 
 PROMPTS = [[9, 120, 3001], [77, 15, 16, 17, 18, 19, 20, 21, 22, 23], [5], [400, 401, 402, 403, 404]]
 
 
 def reference(model_path, name: str, prompts: List[List[int]], n: int) -> List[List[int]]:
-    model = load_example("examples/ch00_step0.py").Step0Model(model_path(name))
-    return [model.generate(p, n) for p in prompts]
+    return step0_reference(model_path(name), prompts, n)
 
 
 def run(name: str, arrivals, **config):

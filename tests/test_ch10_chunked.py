@@ -14,12 +14,11 @@ from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.prefill import ChunkedReq, PrefillAdder
 from minisgl.scheduler.table import TableManager
 from minisgl.scheduler.utils import PendingReq
-from tests.support import load_example
+from tests.support import step0_reference
 
 
 def reference(model_path, name: str, prompts: List[List[int]], n: int) -> List[List[int]]:
-    model = load_example("examples/ch00_step0.py").Step0Model(model_path(name))
-    return [model.generate(p, n) for p in prompts]
+    return step0_reference(model_path(name), prompts, n)
 
 
 class Recorder(scripted.ScriptedScheduler):

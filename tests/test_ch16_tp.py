@@ -52,7 +52,10 @@ def run_ranks(target, size: int, *args: object) -> List[object]:
     from minisgl.utils import worker_context
     from tools.processes import finish, receive, stopped_on_exit
 
-    ctx = worker_context([__name__])
+    # the fork server of this pytest process starts with its first worker, and imports then
+    # what the first call names: name here what every rank of this file needs (the scheduler
+    # brings the layers, the engine and transformers), or each rank imports it again
+    ctx = worker_context([__name__, "minisgl.scheduler", "examples.helpers.scheduler_process"])
     out: mp.Queue = ctx.Queue()
     store = tempfile.mktemp(prefix="minisgl-test-ranks-")
     processes = [

@@ -31,6 +31,15 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 PRELOADED = ("torch", "transformers", "safetensors", "tokenizers", "numpy", "pytest", "zmq")
+TRANSFORMERS_MODULES = (
+    "transformers.modeling_utils",
+    "transformers.generation",
+    *(
+        f"transformers.models.{family}.{part}_{family}"
+        for family in ("llama", "qwen2", "qwen3", "mistral")
+        for part in ("configuration", "modeling")
+    ),
+)
 HERE = str(Path(__file__).resolve().parent)
 PRELOADER_MARK = "preload.py serve"  # in the command line of the server and of its children
 
@@ -112,6 +121,14 @@ def serve() -> None:
             pass
     import transformers  # noqa: F401  (its lazy submodules the runs use)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    # transformers imports its model code when a model is first made (about 3.5 s of one core
+    # for the loading machinery, modeling_utils); the reference models' families too
+    for name in TRANSFORMERS_MODULES:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
 
     base_path = [p for p in sys.path if p and os.path.realpath(p) != HERE]
     children: Dict[int, bool] = {}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
+from typing import List, Sequence, Tuple
 
 import pytest
 
@@ -25,4 +27,20 @@ def requires_model(name: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(left_out(name), reason=reason)
 
 
-__all__ = ["TREE_ROOT", "left_out", "load_example", "requires_model"]
+def step0_reference(folder: Path, prompts: Sequence[Sequence[int]], n: int) -> List[List[int]]:
+    """Step 0's greedy tokens (chapter 00's engine, itself checked against transformers) for
+    each prompt. Step 0 recomputes the whole sequence for every token, so the answer is kept
+    for the rest of the process: several tests of a file ask for the same one."""
+    frozen = tuple(tuple(p) for p in prompts)
+    return [list(tokens) for tokens in _step0_tokens(str(folder), frozen, n)]
+
+
+@functools.lru_cache(maxsize=None)
+def _step0_tokens(
+    folder: str, prompts: Tuple[Tuple[int, ...], ...], n: int
+) -> Tuple[Tuple[int, ...], ...]:
+    model = load_example("examples/ch00_step0.py").Step0Model(Path(folder))
+    return tuple(tuple(model.generate(list(p), n)) for p in prompts)
+
+
+__all__ = ["TREE_ROOT", "left_out", "load_example", "requires_model", "step0_reference"]
