@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, List, Tuple
+from typing import List, Tuple
+from unittest.mock import patch
 
 import torch
 
@@ -67,16 +67,6 @@ def parity_backends() -> List[str]:
     return [b for b in backends() if b in ("torch", "fi")]
 
 
-@contextmanager
-def patched(owner: object, name: str, replacement: Callable) -> Iterator[None]:
-    original = getattr(owner, name)
-    setattr(owner, name, replacement)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
-
-
 def generate(llm: LLM, prompts: List[List[int]], n: int = NEW_TOKENS) -> List[List[int]]:
     params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     return [o["token_ids"] for o in llm.generate(prompts, params)]
@@ -121,7 +111,7 @@ def host_read_in_the_step() -> str:
         int(batch.attn_metadata.kv_valid.sum(dim=1).max())  # the longest request, as an int
         return original(self, q, k, v, layer_id, batch)
 
-    with patched(TorchNativeBackend, "forward", reads_a_length):
+    with patch.object(TorchNativeBackend, "forward", reads_a_length):
         try:
             make_llm(DEMO_MODEL).shutdown()
         except GraphContractError as e:
@@ -137,7 +127,7 @@ def positions_not_copied(prompts: List[List[int]], right: List[List[int]]) -> st
         self.input_ids[rows].copy_(batch.input_ids)
         self.out_loc[rows].copy_(batch.out_loc)  # positions forgotten
 
-    with patched(GraphCaptureBuffer, "copy_from", copy_from), make_llm(DEMO_MODEL) as llm:
+    with patch.object(GraphCaptureBuffer, "copy_from", copy_from), make_llm(DEMO_MODEL) as llm:
         return differences(generate(llm, prompts), right)
 
 
@@ -145,7 +135,7 @@ def metadata_not_copied(backend: str, prompts: List[List[int]]) -> str:
     with make_llm(DEMO_MODEL, backend) as llm:
         right = generate(llm, prompts)
         attention = llm.engine.attn_backend
-        with patched(attention, "prepare_for_replay", lambda batch: None):
+        with patch.object(attention, "prepare_for_replay", lambda batch: None):
             return differences(generate(llm, prompts), right)
 
 

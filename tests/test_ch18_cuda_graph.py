@@ -5,8 +5,8 @@ is not copied; that the model never waits for the device; FlashInfer's graph wra
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Callable, Dict, Iterator, List
+from typing import Dict, List
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -40,16 +40,6 @@ def generate(llm: LLM, lengths=(8, 16, 24)) -> List[List[int]]:
     prompts = build_prompts(MODEL)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
     return [o["token_ids"] for o in llm.generate(prompts, params)]
-
-
-@contextmanager
-def patched(owner: object, name: str, replacement: Callable) -> Iterator[None]:
-    original = getattr(owner, name)
-    setattr(owner, name, replacement)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 @pytest.fixture(scope="module")
@@ -142,14 +132,14 @@ def test_an_input_not_copied_into_its_buffer_gives_wrong_tokens(eager_tokens) ->
         rows = slice(batch.padded_size)
         self.input_ids[rows].copy_(batch.input_ids)  # out_loc and positions forgotten
 
-    with patched(GraphCaptureBuffer, "copy_from", copy_from), make_llm() as llm:
+    with patch.object(GraphCaptureBuffer, "copy_from", copy_from), make_llm() as llm:
         assert generate(llm) != eager_tokens
 
 
 @pytest.mark.parametrize("backend", ["torch", "fi", "fa"])
 def test_metadata_not_copied_for_the_replay_gives_wrong_tokens(backend: str, eager_tokens):
     with make_llm(backend) as llm:
-        with patched(llm.engine.attn_backend, "prepare_for_replay", lambda batch: None):
+        with patch.object(llm.engine.attn_backend, "prepare_for_replay", lambda batch: None):
             assert generate(llm) != eager_tokens
 
 
@@ -162,7 +152,7 @@ def test_a_host_read_in_the_step_is_refused_at_capture() -> None:
         batch.attn_metadata.kv_valid.sum().item()
         return original(self, q, k, v, layer_id, batch)
 
-    with patched(TorchNativeBackend, "forward", reads_a_length):
+    with patch.object(TorchNativeBackend, "forward", reads_a_length):
         with pytest.raises(GraphContractError, match=r"capturing a CUDA graph: item\(\)"):
             make_llm()
     from minisgl.core import clear_global_ctx
