@@ -107,3 +107,15 @@ def test_reading_times_are_counted_from_the_pages() -> None:
     assert "| Projects | P1 to P6 | not written yet | |" in shown
     total = sum(len((ROOT / m.page).read_text().split()) for m in BOOK.chapters if m.page)
     assert f"The written chapters come to {total:,} words" in shown
+
+
+def test_the_length_the_text_gives_step0_is_its_length() -> None:
+    """README, the home page and chapter 00 say how long step 0 is, and where its check begins."""
+    lines = (ROOT / "examples" / "ch00_step0.py").read_text().splitlines()
+    check_starts = next(i for i, line in enumerate(lines) if line.startswith("def check("))
+    engine = len(lines[:check_starts]) - 2  # the two blank lines before `def check`
+    page = (ROOT / "docs" / "chapters" / "ch00-step0.md").read_text()
+    assert f"`examples/ch00_step0.py`, {len(lines)} lines." in page
+    assert f"The first {engine} are an" in page and f"The last {len(lines) - engine} check" in page
+    assert f"a single file of {len(lines)} lines" in (ROOT / "docs" / "index.md").read_text()
+    assert f"a {len(lines)}-line engine" in (ROOT / "README.md").read_text()
