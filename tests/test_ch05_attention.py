@@ -9,6 +9,9 @@ from typing import List
 
 import pytest
 import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
@@ -202,3 +205,32 @@ def test_backend_generation_matches_step0(ctx, model_path) -> None:
     ours = ch05.generate("tiny-mistral", prompts, 12)
     model = step0.Step0Model(model_path("tiny-mistral"))
     assert ours == [model.generate(p, 12) for p in prompts]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    bs=st.integers(1, 4),
+    kv_heads=st.integers(1, 3),
+    group=st.integers(1, 4),
+    q_len=st.integers(1, 9),
+    extra_k=st.integers(0, 40),
+    head_dim=st.sampled_from([8, 16, 64]),
+    seed=st.integers(0, 2**16),
+)
+def test_on_the_cpu_sdpas_grouped_heads_equal_repeated_heads_bit_for_bit(
+    bs: int, kv_heads: int, group: int, q_len: int, extra_k: int, head_dim: int, seed: int
+) -> None:
+    """The torch backend lets SDPA pair query head h with key/value head h // group on the
+    CPU (enable_gqa) instead of copying each key/value head `group` times: the tokens stay
+    transformers' only if the numbers are exactly the same."""
+    g = torch.Generator().manual_seed(seed)
+    k_len = q_len + extra_k
+    q = torch.randn(bs, kv_heads * group, q_len, head_dim, generator=g)
+    k, v = (torch.randn(bs, kv_heads, k_len, head_dim, generator=g) for _ in range(2))
+    mask = torch.rand(bs, 1, q_len, k_len, generator=g) > 0.4
+    mask[..., 0] = True  # every query sees a key
+    repeated = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), attn_mask=mask, scale=0.3
+    )
+    grouped = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+    assert torch.equal(grouped, repeated)

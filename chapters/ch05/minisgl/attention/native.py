@@ -82,16 +82,25 @@ class TorchNativeBackend(BaseAttnBackend):
         # a padded key position points at whatever slot its page-table entry holds, maybe one
         # never written (NaN in fresh memory): a masked score does not protect against
         # 0 * NaN, so padded keys and values are zeroed
-        padding = ~meta.kv_valid[:, :, None, None]
-        keys = k_all[meta.kv_slots].masked_fill(padding, 0).transpose(1, 2)  # [bs, kv_h, max_k, d]
-        values = v_all[meta.kv_slots].masked_fill(padding, 0).transpose(1, 2)
-        group = heads // keys.shape[1]  # grouped-query attention: heads sharing a K/V head
-        if group > 1:
+        valid = meta.kv_valid[:, :, None, None]
+        keys = torch.where(valid, k_all[meta.kv_slots], 0).transpose(1, 2)  # [bs, kv_h, max_k, d]
+        values = torch.where(valid, v_all[meta.kv_slots], 0).transpose(1, 2)
+        # grouped-query attention: query head h reads key/value head h // group. On the CPU,
+        # SDPA's enable_gqa computes the very numbers that repeated heads give, without the
+        # copies; on a GPU it would run another kernel than transformers' attention does
+        group = heads // keys.shape[1]
+        on_cpu = q.device.type == "cpu"
+        if group > 1 and not on_cpu:
             keys = keys.repeat_interleave(group, dim=1)
             values = values.repeat_interleave(group, dim=1)
         queries = q[meta.query_index].transpose(1, 2)  # [bs, heads, max_q, d]
         out = F.scaled_dot_product_attention(
-            queries, keys.to(q.dtype), values.to(q.dtype), attn_mask=meta.mask, scale=self.scale
+            queries,
+            keys.to(q.dtype),
+            values.to(q.dtype),
+            attn_mask=meta.mask,
+            scale=self.scale,
+            enable_gqa=on_cpu,
         )
         out = out.transpose(1, 2)[meta.query_valid]  # back to [tokens, heads, d], padding dropped
         return out.reshape(-1, heads, head_dim)
