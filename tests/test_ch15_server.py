@@ -304,10 +304,12 @@ def test_a_dead_scheduler_fails_every_request_at_once(model_path) -> None:
         assert status == 503 and "minisgl-TP0-scheduler (exit code -9)" in text, text
         status, text = server.get("/health")
         assert status == 503 and json.loads(text)["status"] == "unhealthy"
-        launcher = server.process.pid if server.process else -1
+        suffix = re.search(r"_unique_suffix='([^']+)'", server.output())
+        assert suffix, server.output()[-2000:]
         assert server.stop() == 0  # and the launcher still stops the other workers
-    # the killed scheduler never closed its socket: the launcher deletes what it left
-    assert not list(Path(tempfile.gettempdir()).glob(f"minisgl-{launcher}-*"))
+    # the killed scheduler never closed its socket: the launcher deletes what it left (its
+    # files only: the suffix has random digits, a file of a dead server with the same pid stays)
+    assert not list(Path(tempfile.gettempdir()).glob(f"minisgl-{suffix.group(1)}-*"))
 
 
 def test_two_tokenizer_workers_serve_in_order(server, expected) -> None:
