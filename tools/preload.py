@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 PRELOADED = ("torch", "transformers", "safetensors", "tokenizers", "numpy", "pytest", "zmq")
+# transformers imports its model code when a model is first made (about 3.5 s of one core for
+# the loading machinery, modeling_utils): that, and the reference models' families
 TRANSFORMERS_MODULES = (
     "transformers.modeling_utils",
     "transformers.generation",
@@ -114,21 +116,13 @@ def _child(request: Dict, base_path: List[str]) -> None:
 def serve() -> None:
     """Read requests (one JSON object per line) on stdin; answer each with the pid of its
     child, and report each child's exit code when it ends. Stops when stdin closes."""
-    for name in PRELOADED:
+    for name in (*PRELOADED, *TRANSFORMERS_MODULES):
         try:
             __import__(name)
         except ImportError:
             pass
     import transformers  # noqa: F401  (its lazy submodules the runs use)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
-
-    # transformers imports its model code when a model is first made (about 3.5 s of one core
-    # for the loading machinery, modeling_utils); the reference models' families too
-    for name in TRANSFORMERS_MODULES:
-        try:
-            __import__(name)
-        except ImportError:
-            pass
 
     base_path = [p for p in sys.path if p and os.path.realpath(p) != HERE]
     children: Dict[int, bool] = {}
