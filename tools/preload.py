@@ -20,6 +20,7 @@ the usual way.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -124,6 +125,11 @@ def serve() -> None:
     import transformers  # noqa: F401  (its lazy submodules the runs use)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
+    # the libraries live as long as the runs: frozen, they are out of the garbage collector's
+    # sight (a full collection in a run walks only what the run made) and the children share
+    # their pages instead of copying them when a collection would have touched them
+    gc.collect()
+    gc.freeze()
     base_path = [p for p in sys.path if p and os.path.realpath(p) != HERE]
     children: Dict[int, bool] = {}
     reply = sys.stdout
@@ -159,6 +165,7 @@ def serve() -> None:
             children.pop(pid, None)
             reply.write(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}) + "\n")
             reply.flush()
+    gc.unfreeze()  # frozen objects are never freed: extension modules would report them leaked
 
 
 # ------------------------------------------------------------------ the check's side
