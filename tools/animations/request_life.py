@@ -9,10 +9,12 @@ recorded, and is passed on unchanged. So each frame is one real message on its r
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import tempfile
-from typing import List, Optional, Tuple
+from pathlib import Path
+from typing import Iterator, List, Optional, Tuple
 
 from tools.animations import Animation
 from tools.figures.svg import AMBER, BLUE, GREEN, ORANGE, TEAL, Svg
@@ -42,6 +44,16 @@ LANE_TO, LANE_BACK = 105, 170
 
 def _addr(name: str) -> str:
     return f"ipc://{tempfile.gettempdir()}/book-animation-{os.getpid()}-{name}"
+
+
+@contextlib.contextmanager
+def _files_removed(*addrs: str) -> Iterator[None]:
+    """Delete the sockets' files at the end: zmq leaves them, and a killed worker cannot."""
+    try:
+        yield
+    finally:
+        for addr in addrs:
+            Path(addr.removeprefix("ipc://")).unlink(missing_ok=True)
 
 
 def _started(queue, process, what: str) -> None:
@@ -170,7 +182,7 @@ def record() -> Animation:
     )
     animation = Animation(NAME, "The life of a request across the processes", [], 3.5)
     answer, tokens = "", []
-    with stopped_on_exit(scheduler, worker):
+    with _files_removed(worker_addr, tap_backend, front), stopped_on_exit(scheduler, worker):
         scheduler.start()
         worker.start()
         _started(ready, scheduler, "the scheduler")
