@@ -263,7 +263,8 @@ def test_generate_streams_plain_text_events(server, expected) -> None:
 def test_models_health_and_metrics(server, client) -> None:
     assert [m.id for m in client.models.list().data] == [str(server.command[4])]
     assert server.get("/health") == (200, json.dumps({"status": "ok"}, separators=(",", ":")))
-    values = server.metrics()
+    client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)  # alone, it needs one
+    values = server.metrics_when_idle()
     for name in ("minisgl_time_to_first_token_seconds_count", "minisgl_prompt_tokens_total",
                  "minisgl_e2e_request_latency_seconds_count", "minisgl_kv_pages"):  # fmt: skip
         assert values[name] > 0, name
@@ -283,6 +284,14 @@ def _pid_of(server: ServerProcess, name: str) -> int:
     return int(match.group(1))
 
 
+def _wait_for_tokens(server: ServerProcess, count: int, timeout: float = 60.0) -> None:
+    """Until the API server has streamed `count` generated tokens (its /metrics counter)."""
+    deadline = time.monotonic() + timeout
+    while server.metrics().get("minisgl_generation_tokens_total", 0) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} tokens after {timeout} s"
+        time.sleep(0.05)
+
+
 def test_a_dead_scheduler_fails_every_request_at_once(model_path) -> None:
     with ServerProcess(model_path(MODEL), *FLAGS) as server:
         answers: List[Tuple[int, str]] = []
@@ -291,7 +300,7 @@ def test_a_dead_scheduler_fails_every_request_at_once(model_path) -> None:
             target=lambda: answers.append(server.post("/v1/completions", body, timeout=60))
         )
         waiting.start()
-        time.sleep(1.5)  # it is decoding
+        _wait_for_tokens(server, 2)  # it is decoding, and the stream has begun
         os.kill(_pid_of(server, "scheduler"), signal.SIGKILL)
         began = time.monotonic()
         waiting.join(30)
