@@ -102,9 +102,8 @@ _REAL_STDERR: List[int] = []  # a copy of the terminal's stderr, past pytest's c
 def pytest_configure(config: pytest.Config) -> None:
     # hypothesis looks for the referrers of a random generator that a library registers with
     # gc.get_referrers, which does not see frozen objects (pytest_collection_finish below)
-    config.addinivalue_line(
-        "filterwarnings", "ignore:It looks like `register_random`:hypothesis.errors.HypothesisWarning"
-    )
+    ignored = "ignore:It looks like `register_random`:hypothesis.errors.HypothesisWarning"
+    config.addinivalue_line("filterwarnings", ignored)
     capture = config.pluginmanager.getplugin("capturemanager")
     if capture is None:
         _REAL_STDERR.append(os.dup(2))
