@@ -9,12 +9,10 @@ recorded, and is passed on unchanged. So each frame is one real message on its r
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import tempfile
-from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from tools.animations import Animation
 from tools.figures.svg import AMBER, BLUE, GREEN, ORANGE, TEAL, Svg
@@ -40,20 +38,6 @@ BOXES = {
 }
 BOX_W, BOX_TOP, BOX_H = 240, 60, 150
 LANE_TO, LANE_BACK = 105, 170
-
-
-def _addr(name: str) -> str:
-    return f"ipc://{tempfile.gettempdir()}/book-animation-{os.getpid()}-{name}"
-
-
-@contextlib.contextmanager
-def _files_removed(*addrs: str) -> Iterator[None]:
-    """Delete the sockets' files at the end: zmq leaves them, and a killed worker cannot."""
-    try:
-        yield
-    finally:
-        for addr in addrs:
-            Path(addr.removeprefix("ipc://")).unlink(missing_ok=True)
 
 
 def _started(queue, process, what: str) -> None:
@@ -158,7 +142,12 @@ def record() -> Animation:
         page_size=1,
         num_page_override=256,
     )
-    worker_addr, tap_backend, front = _addr("worker"), _addr("tap-backend"), _addr("frontend")
+    # the Unix sockets' files live in a folder of their own, deleted at the end with whatever
+    # zmq or a killed worker left there
+    sockets = tempfile.TemporaryDirectory(prefix="book-animation-")
+    worker_addr, tap_backend, front = (
+        f"ipc://{sockets.name}/{name}" for name in ("worker", "tap-backend", "frontend")
+    )
     # the recorder's sockets: it binds what the worker connects to, connects to the rest
     from_worker = ZmqPullQueue(tap_backend, create=True, decoder=BaseBackendMsg.decoder)
     replies = ZmqPullQueue(front, create=True, decoder=BaseFrontendMsg.decoder)
@@ -182,7 +171,7 @@ def record() -> Animation:
     )
     animation = Animation(NAME, "The life of a request across the processes", [], 3.5)
     answer, tokens = "", []
-    with _files_removed(worker_addr, tap_backend, front), stopped_on_exit(scheduler, worker):
+    with sockets, stopped_on_exit(scheduler, worker):
         scheduler.start()
         worker.start()
         _started(ready, scheduler, "the scheduler")
