@@ -3,6 +3,7 @@ break one, gives the verdict and the message a reader needs."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -817,3 +818,27 @@ def test_an_interrupted_check_stops_everything_it_started(tmp_path: Path) -> Non
     while not is_gone(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert is_gone(child)
+
+
+def test_a_file_that_reran_some_of_its_tests_keeps_the_others(tmp_path: Path) -> None:
+    """After a chapter reruns one test of a file, a later chapter whose change touches only
+    that test reruns only it (the selector once forgot the file's other tests, and then ran
+    the whole file, its one known test being all of it)."""
+    from tools.selection import Selector
+
+    def record(folder: Path, names: List[str]) -> Path:
+        folder.mkdir()
+        entry = {"ran": [], "fixtures": [], "start": 0.0, "end": 1.0, "outcome": "passed"}
+        tests = {f"tests/test_x.py::{n}": entry for n in names}
+        (folder / "tests.json").write_text(
+            json.dumps({"collect": [], "fixtures": {}, "tests": tests})
+        )
+        return folder
+
+    selector = Selector(SimpleNamespace())  # type: ignore[arg-type]
+    selector.remember(record(tmp_path / "ch05", ["test_a", "test_b", "test_c"]), 5)
+    selector.remember(record(tmp_path / "ch06", ["test_b"]), 6)
+    assert selector.nodes["tests/test_x.py"] == [f"tests/test_x.py::test_{c}" for c in "abc"]
+    assert selector.records["tests/test_x.py::test_b"].chapter == 6
+    selector.remember(record(tmp_path / "ch07", ["test_a", "test_d"]), 7)  # collected anew
+    assert selector.nodes["tests/test_x.py"] == [f"tests/test_x.py::test_{c}" for c in "ad"]
