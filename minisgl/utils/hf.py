@@ -5,15 +5,18 @@ from __future__ import annotations
 import functools
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+if TYPE_CHECKING:  # transformers is imported where it is used: the API server never needs it
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 
 @functools.lru_cache(maxsize=None)
 def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
     """The model's tokenizer, loaded once per process and path: every caller shares it, so
     none may change it."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if not getattr(tokenizer, "chat_template", None):
         # some repositories (Mistral's) keep the template in a file of its own
@@ -39,6 +42,8 @@ def _read_chat_template(model_path: str) -> str | None:
 
 @functools.cache
 def _load_hf_config(model_path: str) -> Any:
+    from transformers import AutoConfig
+
     return AutoConfig.from_pretrained(model_path)
 
 

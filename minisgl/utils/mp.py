@@ -38,9 +38,15 @@ import zmq.asyncio
 T = TypeVar("T")
 
 LINGER_MS = 1000  # how long closing a socket may wait to flush what it still holds
-# what a worker imports: the scheduler (torch, the engine) and the tokenizer (transformers);
-# a module this chapter's tree does not have yet is skipped
-WORKER_MODULES = ("minisgl.scheduler", "minisgl.tokenizer")
+# what a worker imports: the scheduler (torch, the engine), the tokenizer (transformers), and
+# the modules behind AutoConfig and AutoTokenizer, which transformers imports at their first
+# use (0.8 s); a module this chapter's tree does not have yet is skipped
+WORKER_MODULES = (
+    "minisgl.scheduler",
+    "minisgl.tokenizer",
+    "transformers.models.auto.configuration_auto",
+    "transformers.models.auto.tokenization_auto",
+)
 WAIT_SLICE_MS = 100  # a blocking get() looks up from the socket this often
 
 
