@@ -391,16 +391,28 @@ class Terminal:
         """What the shell printed, up to and with `text`."""
         deadline = time.monotonic() + timeout
         while (at := self.seen.find(text, self.read_to)) < 0:
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                raise AssertionError(f"no {text!r} in: {self.seen[self.read_to :]!r}")
-            if select.select([self.master], [], [], 0.2)[0]:
-                try:
-                    chunk = os.read(self.master, 4096).decode(errors="replace")
-                except OSError:
-                    continue
-                self.seen += re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", chunk)  # readline's codes
+            self._read(deadline, f"no {text!r} in: {self.seen[self.read_to :]!r}")
         got, self.read_to = self.seen[self.read_to : at + len(text)], at + len(text)
         return got
+
+    def some_output(self, timeout: float = 60.0) -> str:
+        """Wait until the shell prints something new (a piece of an answer), and return it."""
+        deadline = time.monotonic() + timeout
+        while len(self.seen) == self.read_to:
+            self._read(deadline, f"no output after {self.seen[-200:]!r}")
+        got, self.read_to = self.seen[self.read_to :], len(self.seen)
+        return got
+
+    def _read(self, deadline: float, failure: str) -> None:
+        """Add what the shell printed within 0.2 s to `seen`; fail past the deadline."""
+        if time.monotonic() > deadline or self.process.poll() is not None:
+            raise AssertionError(failure)
+        if select.select([self.master], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(self.master, 4096).decode(errors="replace")
+            except OSError:
+                return
+            self.seen += re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", chunk)  # readline's codes
 
     def type(self, keys: str) -> None:
         os.write(self.master, keys.encode())
@@ -447,11 +459,11 @@ def test_ctrl_c_in_the_shell_stops_the_answer_not_the_workers(model_path) -> Non
     try:
         term.until("$ ")
         term.type("Tell me a long story.\n")
-        time.sleep(2.0)  # the answer streams (a random model never says EOS)
+        term.some_output()  # the answer streams (a random model never says EOS)
         term.type("\x03")
         assert term.until("(stopped)\n$ ")
         term.type("Hello!\n")  # the workers are alive: a new answer comes, and is stopped
-        time.sleep(1.0)
+        term.some_output()
         term.type("\x03")
         term.until("(stopped)\n$ ")
         term.type("\x04")  # Ctrl-D leaves
