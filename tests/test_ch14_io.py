@@ -5,10 +5,12 @@ saying so when a rank never comes."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing as mp
 import os
 import tempfile
+import time
 from dataclasses import replace
 from datetime import timedelta
 from typing import Dict, List
@@ -24,11 +26,12 @@ from minisgl.message import (
     BaseBackendMsg,
     BatchTokenizerMsg,
     DetokenizeMsg,
+    ExitMsg,
     UserMsg,
 )
 from minisgl.scheduler import SchedulerConfig
 from minisgl.scheduler.io import SchedulerIOMixin
-from minisgl.utils import ZmqPushQueue, make_stoppable, worker_context
+from minisgl.utils import ZmqPushQueue, ZmqSubQueue, make_stoppable, worker_context
 from tests.support import load_example
 from tools.models import ensure_model
 from tools.processes import finish, receive, stopped_on_exit
@@ -189,6 +192,30 @@ def test_rank0_says_so_when_a_rank_never_comes() -> None:
         ):
             io.sync_all_ranks()
     finally:
+        io.stop_io()
+
+
+def test_rank0_fails_at_once_when_a_rank_has_left() -> None:
+    cfg = config(tp_info=DistributedInfo(0, 2), distributed_timeout=30.0)
+    io = Ranks(cfg, tp_cpu_group=object())  # never reached: the forward fails first
+    publisher = io._send_into_ranks
+    rank1 = ZmqSubQueue(cfg.zmq_scheduler_broadcast_addr, create=False, decoder=lambda d: d)
+    requests = ZmqPushQueue(cfg.zmq_backend_addr, create=False, encoder=BaseBackendMsg.encoder)
+    try:
+        publisher.wait_for_subscribers(timeout=10)  # rank 1 is in
+        rank1.stop()  # and leaves, as a killed rank does
+        deadline = time.monotonic() + 10
+        while publisher.subscribed and time.monotonic() < deadline:  # until rank 0 has seen it
+            publisher.socket.poll(50)
+            with contextlib.suppress(TimeoutError):
+                publisher.wait_for_subscribers(timeout=0)
+        requests.put(ExitMsg())
+        began = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"another rank has stopped \(0 of 1 subscribers"):
+            io.receive_msg(blocking=True)
+        assert time.monotonic() - began < 1.0
+    finally:
+        requests.stop()
         io.stop_io()
 
 

@@ -242,7 +242,7 @@ def test_a_dead_rank_fails_the_others_at_once() -> None:
             ranks.requests.put(UserMsg(0, prompt, SamplingParams(max_tokens=4)))
             ranks.processes[0].join(60)
             took = time.monotonic() - began
-    assert took < 30, f"rank 0 took {took:.0f} s to notice"
+    assert took < 10, f"rank 0 took {took:.0f} s to notice"
 
 
 def test_sizes_that_cannot_split_a_model_are_refused(capsys) -> None:

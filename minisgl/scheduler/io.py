@@ -145,12 +145,23 @@ class SchedulerIOMixin:
     def _recv_msg_multi_rank0(self, blocking: bool = False) -> List[BaseBackendMsg]:
         taken = self._take_from_tokenizer(blocking)
         if blocking:  # the others wait on their SUB socket for the one that woke us
-            self._send_into_ranks.put_raw(taken[0][0])
+            self._forward_to_ranks(taken[0][0])
         rest = taken[1:] if blocking else taken
         self._count_for_all_ranks(len(rest))
         for raw, _ in rest:
-            self._send_into_ranks.put_raw(raw)
+            self._forward_to_ranks(raw)
         return [msg for _, msg in taken]
+
+    def _forward_to_ranks(self, raw: bytes) -> None:
+        """Send a message's bytes to the other ranks. Every rank subscribed before the first
+        turn (sync_all_ranks), and none leaves while the server runs: a departure means a
+        rank has died, so rank 0 fails at once instead of waiting distributed_timeout seconds
+        for a subscriber that cannot come back."""
+        try:
+            self._send_into_ranks.wait_for_subscribers(timeout=0)
+        except TimeoutError as error:
+            raise RuntimeError(f"another rank has stopped ({error})") from None
+        self._send_into_ranks.put_raw(raw)
 
     def _recv_msg_multi_rank1(self, blocking: bool = False) -> List[BaseBackendMsg]:
         messages: List[BaseBackendMsg] = []
