@@ -97,20 +97,32 @@ def workload() -> Tuple[List[List[int]], List[int]]:
     return prompts, new_tokens
 
 
-def run_ours(name: str) -> Dict:
+def build_engine(name: str):
+    """Our engine in configuration `name`, after one short warm-up request (FlashInfer
+    compiles or loads its kernels then)."""
     import torch
 
     from minisgl.core import SamplingParams
     from minisgl.llm import LLM
 
-    prompts, new_tokens = workload()
-    settings = CONFIGURATIONS[name][1]
     llm = LLM(
         str(model_folder()), dtype=torch.bfloat16, use_dummy_weight=True, page_size=256,
-        max_seq_len_override=4096, max_extend_tokens=16384, **settings,
+        max_seq_len_override=4096, max_extend_tokens=16384, **CONFIGURATIONS[name][1],
     )  # fmt: skip
     try:
         llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0.1, max_tokens=8))
+    except BaseException:
+        llm.shutdown()
+        raise
+    return llm
+
+
+def run_ours(name: str) -> Dict:
+    from minisgl.core import SamplingParams
+
+    prompts, new_tokens = workload()
+    llm = build_engine(name)
+    try:
         params = [
             SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in new_tokens
         ]

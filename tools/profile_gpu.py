@@ -33,25 +33,15 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-OUT = Path("/tmp/minisgl-profile")
 
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
-from tools.bench_gpu import model_folder, workload  # noqa: E402
+from tools.bench_gpu import build_engine, workload  # noqa: E402
 
 
-def report(name: str, text: str) -> None:
-    (OUT / name).write_text(text)
+def report(out: Path, name: str, text: str) -> None:
+    (out / name).write_text(text)
     print(f"==== {name}\n{text[:6000]}", flush=True)
-
-
-def make() -> LLM:
-    llm = LLM(
-        str(model_folder()), dtype=torch.bfloat16, use_dummy_weight=True, page_size=256,
-        max_seq_len_override=4096, max_extend_tokens=16384, attention_backend="fi",
-    )  # fmt: skip
-    llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0.1, max_tokens=8))
-    return llm
 
 
 def params_for(new_tokens: List[int]) -> List[SamplingParams]:
@@ -82,7 +72,7 @@ SCHEDULER_PARTS = {
 }
 
 
-def steps(llm: LLM) -> None:
+def steps(llm: LLM, out: Path) -> None:
     prompts, new_tokens = workload()
     log: List[Step] = []
     seconds = {part: 0.0 for part in SCHEDULER_PARTS}
@@ -153,10 +143,10 @@ def steps(llm: LLM) -> None:
         lines.append(f"  <= {band:3d}: {len(pairs):5d} {interval:8.2f} {gpu:8.2f}")
     busy = sum(s.gpu_ms for s in log) / 1e3
     lines.append(f"GPU time of all steps: {busy:.2f} s of {wall:.2f} s")
-    report("steps.txt", "\n".join(lines) + "\n")
+    report(out, "steps.txt", "\n".join(lines) + "\n")
 
 
-def host(llm: LLM) -> None:
+def host(llm: LLM, out: Path) -> None:
     prompts, new_tokens = workload()
     profile = cProfile.Profile()
     began = time.perf_counter()
@@ -170,10 +160,10 @@ def host(llm: LLM) -> None:
     s.write(f"under cProfile: {seconds:.2f} s\n")
     stats.sort_stats("tottime").print_stats(45)
     stats.sort_stats("cumulative").print_stats(60)
-    report("host.txt", s.getvalue())
+    report(out, "host.txt", s.getvalue())
 
 
-def kernels(llm: LLM) -> None:
+def kernels(llm: LLM, out: Path) -> None:
     prompts, new_tokens = workload()
     prompts, new_tokens = prompts[:128], [200] * 128
     from torch.profiler import ProfilerActivity, profile
@@ -187,21 +177,29 @@ def kernels(llm: LLM) -> None:
     table_cpu = prof.key_averages().table(
         sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=70
     )
-    report("kernels.txt", "BY CUDA TIME\n" + table_cuda + "\n\nBY SELF CPU TIME\n" + table_cpu)
+    report(out, "kernels.txt", "BY CUDA TIME\n" + table_cuda + "\n\nBY SELF CPU TIME\n" + table_cpu)
+
+
+REPORTS: Dict[str, Callable[[LLM, Path], None]] = {
+    "steps": steps,
+    "host": host,
+    "kernels": kernels,
+}
 
 
 def main() -> None:
-    global OUT
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("reports", nargs="*", choices=["steps", "host", "kernels"])
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("reports", nargs="*", help=f"some of {', '.join(REPORTS)} (default: all)")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/minisgl-profile"))
     args = parser.parse_args()
-    OUT = args.out
-    OUT.mkdir(parents=True, exist_ok=True)
-    llm = make()
+    unknown = [r for r in args.reports if r not in REPORTS]
+    if unknown:
+        parser.error(f"unknown report(s) {', '.join(unknown)}; choose from {', '.join(REPORTS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    llm = build_engine("fi-graphs")
     try:
-        for name in args.reports or ["steps", "host", "kernels"]:
-            globals()[name](llm)
+        for name in args.reports or list(REPORTS):
+            REPORTS[name](llm, args.out)
     finally:
         llm.shutdown()
 
