@@ -134,3 +134,18 @@ def test_what_code_reads():
     # a changed member is met only by an attribute; a changed module-level name by both
     assert reaches({".attr", ".x", "os", "b"}, read) == {".attr", "os", "b"}
     assert reaches({"attr"}, {".attr"}) == {"attr"}
+
+
+def test_a_changed_kernel_source_makes_the_modules_that_read_it_opaque():
+    # kernel/csrc/jit/store.cu is read by the modules of kernel/, the nearest folder with any
+    old = {
+        "pkg/kernel/store.py": "def store():\n    return 1\n",
+        "pkg/kernel/csrc/jit/store.cu": "// v1\n",
+        "pkg/other.py": "X = 1\n",
+    }
+    new = dict(old, **{"pkg/kernel/csrc/jit/store.cu": "// v2\n"})
+    tc = tree_change(old, new)
+    assert tc.reasons(set(), set(), {"pkg/kernel/store.py"}) == [
+        "pkg/kernel/store.py: pkg/kernel/csrc/jit/store.cu changed"
+    ]
+    assert tc.reasons(set(), set(), {"pkg/other.py"}) == []

@@ -108,7 +108,8 @@ def render_code(book: Book, chapter: Optional[int], path: str, symbol: Optional[
         where += f", highlighted: changed since chapter {change.since:02d}"
     elif change is not None and change.diff is None:
         where += f", new since chapter {change.since:02d}"
-    block = f'```python title="{where}" {options}\n{body}\n```'
+    language = "python" if path.endswith(".py") else "cpp"  # the kernels' .cu, .cuh, .h, .cpp
+    block = f'```{language} title="{where}" {options}\n{body}\n```'
     if change is not None and change.diff:
         inner = "\n".join(f"    {line}".rstrip() for line in change.diff.split("\n"))
         block += (

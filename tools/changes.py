@@ -470,17 +470,23 @@ class TreeChange:
 
 def tree_change(old: Dict[str, str], new: Dict[str, str]) -> TreeChange:
     """Compare two packages given as {relative path: source}. A non-Python file that differs
-    makes the modules of its folder opaque (kernel sources are read at run time)."""
+    makes the modules of the nearest folder above it that has modules opaque (kernel sources
+    are read at run time)."""
     files: Dict[str, FileChange] = {}
     summaries = {p: summarise(s, p) for p, s in new.items() if p.endswith(".py")}
     for path in sorted(set(old) | set(new)):
         if old.get(path) == new.get(path):
             continue
         if not path.endswith(".py"):
-            folder = path.rsplit("/", 1)[0] + "/"
-            for module in summaries:
-                if module.startswith(folder):
-                    files.setdefault(module, FileChange()).opaque.append(f"{path} changed")
+            # the modules of the nearest folder above it that has any (a kernel source in
+            # kernel/csrc/jit/ is read by the modules of kernel/)
+            folder = path
+            readers: List[str] = []
+            while "/" in folder and not readers:
+                folder = folder.rsplit("/", 1)[0]
+                readers = [m for m in summaries if m.startswith(folder + "/")]
+            for module in readers:
+                files.setdefault(module, FileChange()).opaque.append(f"{path} changed")
             continue
         before = summarise(old[path], path) if path in old else None
         change = diff(before, summaries.get(path))

@@ -27,13 +27,6 @@ from .base import BaseCacheHandle, BasePrefixCache, InsertResult, MatchResult, S
 KEY_FN: TypeAlias = Callable[[torch.Tensor], Any]
 
 
-def _compare_key(key: torch.Tensor, input_ids: torch.Tensor) -> int:
-    """Length of the common prefix of two 1-D CPU tensors."""
-    n = min(len(key), len(input_ids))
-    differ = (key[:n] != input_ids[:n]).nonzero()
-    return int(differ[0, 0]) if len(differ) else n
-
-
 class RadixTreeNode:
     counter: int = 0  # gives every node a unique id (for debugging and tests)
 
@@ -77,7 +70,9 @@ class RadixTreeNode:
         return len(self.children) == 0
 
     def get_match_len(self, input_ids: torch.Tensor) -> int:
-        return _compare_key(self._key, input_ids)
+        from minisgl.kernel import fast_compare_key
+
+        return fast_compare_key(self._key, input_ids)  # the first position where they differ
 
     def split_at(self, pos: int) -> RadixTreeNode:
         """Cut this node's edge after `pos` tokens: a new node takes the first part and

@@ -55,13 +55,15 @@ class VocabParallelEmbedding(BaseOP):
         self._comm = DistributedCommunicator()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tp_size == 1:
-            return F.embedding(x, self.weight)
-        start, size = self.vocab_range
-        mine = (x >= start) & (x < start + size)
-        y = F.embedding(torch.where(mine, x - start, 0), self.weight)
-        y.masked_fill_(~mine.unsqueeze(-1), 0.0)
-        return self._comm.all_reduce(y)
+        from minisgl.kernel import indexing
+
+        # with a range, tokens outside this rank's slice get zero rows
+        y = indexing(
+            weights=self.weight,
+            indices=x,
+            vocab_range=self.vocab_range if self.tp_size > 1 else None,
+        )
+        return self._comm.all_reduce(y) if self.tp_size > 1 else y
 
 
 class ParallelLMHead(VocabParallelEmbedding):

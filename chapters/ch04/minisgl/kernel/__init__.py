@@ -1,0 +1,3 @@
+from .store import store_cache
+
+__all__ = ["store_cache"]

@@ -1,0 +1,110 @@
+"""Token embedding and the LM head, each rank holding one slice of the vocabulary.
+
+With V tokens and N ranks, rank r holds rows [r * ceil(V/N), (r+1) * ceil(V/N)) of the
+embedding matrix (the last slice is padded with zero rows when N does not divide V).
+
+* Embedding: a rank looks up the tokens of its slice and writes zeros for the others; an
+  all-reduce adds the N partial results, where exactly one rank wrote each token's row.
+* LM head: a rank computes the logits of its slice of the vocabulary for every token; an
+  all-gather puts the slices side by side, and the padding is cut off.
+
+A model with tied embeddings (SmolLM2, Qwen3-0.6B, Llama 3.2) uses the embedding matrix as its
+LM head and stores no separate `lm_head.weight`; both are split the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.distributed import DistributedCommunicator, tp_info_or_one
+from minisgl.utils import div_ceil
+
+from .base import BaseOP
+
+
+def lm_head_logits(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`: logits [tokens, vocabulary] for hidden states [tokens,
+    hidden]. On a CPU, for the few rows of a decode step, it computes `weight @ x.T` instead:
+    MKL multiplies a few rows by a `[vocabulary, hidden]` matrix up to 5 times slower than it
+    multiplies the matrix by those rows as columns, and in a small model this product is most
+    of a decode step (`python tools/bench_lm_head.py` measures both). A single row gets a copy
+    of itself as a second column: one column takes MKL's matrix-vector path, slow as well."""
+    rows = x.shape[0]
+    if x.device.type != "cpu" or not 0 < rows <= 8:
+        return F.linear(x, weight, bias)
+    columns = x.T if rows > 1 else torch.cat([x, x]).T
+    logits = torch.mm(weight, columns)[:, :rows].T.contiguous()  # [tokens, vocabulary]
+    return logits if bias is None else logits + bias
+
+
+class VocabParallelEmbedding(BaseOP):
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        tp_info = tp_info_or_one()
+        self.tp_size = tp_info.size
+        self.num_embeddings = num_embeddings
+        self.num_embeddings_tp = div_ceil(num_embeddings, self.tp_size)
+        start = self.num_embeddings_tp * tp_info.rank
+        self.vocab_range = (start, min(start + self.num_embeddings_tp, num_embeddings) - start)
+        self.weight = torch.empty(self.num_embeddings_tp, embedding_dim)
+        self._comm = DistributedCommunicator()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(x, self.weight)
+        start, size = self.vocab_range
+        mine = (x >= start) & (x < start + size)
+        y = F.embedding(torch.where(mine, x - start, 0), self.weight)
+        y.masked_fill_(~mine.unsqueeze(-1), 0.0)
+        return self._comm.all_reduce(y)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        bias: bool = False,
+        tie_word_embeddings: bool = False,
+        tied_embedding: VocabParallelEmbedding | None = None,
+    ) -> None:
+        assert (tied_embedding is not None) == tie_word_embeddings, (
+            "pass the embedding to tie to exactly when tie_word_embeddings is set"
+        )
+        super().__init__(num_embeddings, embedding_dim)
+        self.bias = torch.empty(self.num_embeddings_tp) if bias else None
+        self.tied_embedding = tied_embedding
+        if tied_embedding is not None:
+            del self.weight  # the embedding's matrix is used instead
+
+    def state_dict(
+        self, *, prefix: str = "", result: Dict[str, torch.Tensor] | None = None
+    ) -> Dict[str, torch.Tensor]:
+        if self.tied_embedding is None:
+            return super().state_dict(prefix=prefix, result=result)
+        return {} if result is None else result  # the embedding saves the shared matrix
+
+    def load_state_dict(
+        self, state_dict: Dict[str, torch.Tensor], *, prefix: str = "", _internal: bool = False
+    ) -> None:
+        if self.tied_embedding is None:
+            return super().load_state_dict(state_dict, prefix=prefix, _internal=_internal)
+        # some tied checkpoints still carry a copy of the head: it is not needed
+        state_dict.pop(f"{prefix}.weight", None)
+        state_dict.pop(f"{prefix}.bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [tokens, vocabulary] for hidden states [tokens, hidden]."""
+        weight = self.tied_embedding.weight if self.tied_embedding is not None else self.weight
+        logits = lm_head_logits(x, weight, self.bias)  # [tokens, this rank's slice]
+        if self.tp_size == 1:
+            return logits
+        gathered = self._comm.all_gather(logits)  # [ranks * tokens, slice]: rank by rank
+        tokens = logits.shape[0]
+        by_token = gathered.view(self.tp_size, tokens, -1).transpose(0, 1)  # [tokens, ranks, slice]
+        return by_token.reshape(tokens, -1)[:, : self.num_embeddings]

@@ -1,0 +1,219 @@
+"""Chapter 19: the engine's kernels, each held to its PyTorch reference, and the simulator that
+runs the CUDA ones on a CPU held to CUDA's rules.
+
+On a CPU the CUDA files are built by the host compiler against minisgl/sim.h and Triton runs
+in its interpreter; on a GPU the same tests run the compiled kernels.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Tuple
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+from minisgl.kernel import argmax, fast_compare_key, indexing, store_cache  # noqa: E402
+from minisgl.kernel.index import indexing_reference  # noqa: E402
+from minisgl.kernel.radix import compare_key_reference  # noqa: E402
+from minisgl.kernel.store import store_cache_reference  # noqa: E402
+from minisgl.kernel.utils import KERNEL_PATH, chunk_bytes, load_source  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def kv_batch(tokens: int, width: int, dtype: torch.dtype, index_dtype=torch.int32) -> Tuple:
+    g = torch.Generator().manual_seed(tokens * 7 + width)
+    qkv = torch.randn(tokens, 3 * width, generator=g).to(DEVICE, dtype)
+    k, v = qkv[:, width : 2 * width], qkv[:, 2 * width :]  # strided views, as the model has them
+    slots = torch.randperm(256, generator=g)[:tokens].to(DEVICE, index_dtype)
+    return slots, k, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("tokens,heads,head_dim", [(1, 1, 32), (5, 2, 16), (70, 4, 64)])
+def test_store_cache_writes_what_pytorch_writes(dtype, index_dtype, tokens, heads, head_dim):
+    slots, k, v = kv_batch(tokens, heads * head_dim, dtype, index_dtype)
+    ours = [torch.zeros(256, heads, head_dim, device=DEVICE, dtype=dtype) for _ in range(2)]
+    reference = [c.clone() for c in ours]
+    store_cache(*ours, slots, k, v)
+    store_cache_reference(*reference, slots, k, v)
+    assert torch.equal(ours[0], reference[0]) and torch.equal(ours[1], reference[1])
+
+
+def test_store_cache_of_no_tokens_does_nothing():
+    caches = [torch.zeros(8, 1, 32, device=DEVICE) for _ in range(2)]
+    empty = torch.empty(0, 32, device=DEVICE)
+    store_cache(*caches, torch.empty(0, dtype=torch.int32, device=DEVICE), empty, empty)
+    assert not caches[0].any()
+
+
+def test_the_kernels_refuse_what_they_cannot_do():
+    caches = [
+        torch.zeros(8, 1, 32, device=DEVICE, dtype=dtype)
+        for dtype in (torch.float32, torch.float16)
+    ]
+    k = torch.zeros(2, 32, device=DEVICE)
+    slots = torch.tensor([0, 1], device=DEVICE)
+    with pytest.raises(ValueError, match="one dtype"):  # the two caches differ
+        store_cache(*caches, slots, k, k)
+    with pytest.raises(ValueError, match="int32 or int64"):
+        indexing(torch.zeros(4, 32, device=DEVICE), slots.float())
+    with pytest.raises(ValueError, match="1-D int32 or int64 tensor on the CPU"):
+        fast_compare_key(torch.zeros(3), torch.zeros(3))
+    with pytest.raises(ValueError, match="chunks of 4 bytes"):
+        chunk_bytes(6)
+
+
+@pytest.mark.parametrize("width", [16, 64, 256, 512, 1024])
+@pytest.mark.parametrize("vocab_range", [None, (0, 100), (100, 100), (200, 57)])
+def test_indexing_gathers_what_pytorch_gathers(width, vocab_range):
+    g = torch.Generator().manual_seed(width)
+    rows = 257 if vocab_range is None else vocab_range[1]
+    weights = torch.randn(rows, width, generator=g).to(DEVICE)
+    ids = torch.randint(0, 257, (41,), generator=g).to(DEVICE)
+    ours = indexing(weights, ids, vocab_range=vocab_range)
+    assert torch.equal(ours, indexing_reference(weights, ids, vocab_range=vocab_range))
+
+
+def test_indexing_writes_into_the_given_output():
+    weights = torch.randn(10, 64, device=DEVICE)
+    out = torch.full((3, 64), 7.0, device=DEVICE)
+    ids = torch.tensor([9, 0, 4], device=DEVICE, dtype=torch.int32)
+    assert indexing(weights, ids, output=out) is out
+    assert torch.equal(out, weights[ids.long()])
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_fast_compare_key_finds_the_first_difference(dtype):
+    a = torch.arange(1000, dtype=dtype)
+    for b in [
+        a.clone(),
+        a[:10].clone(),
+        torch.cat([a[:333], -a[333:]]),
+        torch.zeros(0, dtype=dtype),
+    ]:
+        assert fast_compare_key(a, b) == compare_key_reference(a, b) == fast_compare_key(b, a)
+
+
+def test_argmax_breaks_ties_like_torch():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 3001, generator=g)
+    logits[1] = 1.0  # every logit ties
+    logits[2, 5] = logits[2, 3000] = 99.0
+    logits[4, -1] = 99.0  # the last column
+    logits = logits.to(DEVICE)
+    assert torch.equal(argmax(logits), torch.argmax(logits, dim=-1))
+
+
+def test_the_triton_store_writes_what_pytorch_writes():
+    from minisgl.kernel.triton.store import store_cache_triton
+
+    slots, k, v = kv_batch(33, 3 * 40, torch.float32)  # rows of 120: not a power of two
+    ours = [torch.zeros(256, 3, 40, device=DEVICE) for _ in range(2)]
+    reference = [c.clone() for c in ours]
+    store_cache_triton(*ours, slots, k, v)
+    store_cache_reference(*reference, slots, k, v)
+    assert torch.equal(ours[0], reference[0]) and torch.equal(ours[1], reference[1])
+
+
+# ------------------------------------------------------------------ the simulator's rules
+cpu_only = pytest.mark.skipif(DEVICE != "cpu", reason="the simulator runs on the CPU only")
+
+
+def build(name: str, body: str, wrapper: str):
+    return load_source(name, "#include <minisgl/utils.cuh>\n" + body, wrapper)
+
+
+WARP_SUM = """
+namespace {
+__global__ void warp_sum(const float *x, float *out) {
+  float value = x[blockIdx.x * blockDim.x + threadIdx.x];
+  for (int mask = 16; mask > 0; mask /= 2) value += __shfl_xor_sync(0xffffffffu, value, mask);
+  out[blockIdx.x * blockDim.x + threadIdx.x] = value;  // every lane has the warp's sum
+}
+void run(tvm::ffi::TensorView x, tvm::ffi::TensorView out) {
+  host::LaunchKernel(x.size(0) / 64, 64, x.device())(
+      warp_sum, static_cast<const float *>(x.data_ptr()), static_cast<float *>(out.data_ptr()));
+}
+}  // namespace
+"""
+
+
+@cpu_only
+def test_the_simulator_shuffles_within_a_warp():
+    module = build("warp_sum", WARP_SUM, "TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, run);")
+    x = torch.arange(256, dtype=torch.float32)
+    out = torch.empty(256)
+    module.run(x, out)
+    expected = x.view(-1, 32).sum(dim=1, keepdim=True).expand(-1, 32).reshape(-1)
+    assert torch.equal(out, expected)
+
+
+EARLY_EXIT = """
+namespace {
+__global__ void early_exit(float *out) {
+  __shared__ float seen[64];
+  if (threadIdx.x >= 60) return;  // four threads skip the barrier the others wait at
+  seen[threadIdx.x] = 1.0f;
+  __syncthreads();
+  out[threadIdx.x] = seen[(threadIdx.x + 1) % 64];
+}
+void run(tvm::ffi::TensorView out) {
+  host::LaunchKernel(2, 64, out.device())(early_exit, static_cast<float *>(out.data_ptr()));
+}
+}  // namespace
+"""
+
+
+@cpu_only
+def test_a_barrier_that_some_threads_skip_is_an_error_not_a_hang():
+    module = build("early_exit", EARLY_EXIT, "TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, run);")
+    with pytest.raises(Exception, match=r"60 threads wait at __syncthreads\(\) that 4 threads"):
+        module.run(torch.empty(64))
+
+
+@cpu_only
+def test_the_simulator_shows_a_missing_syncthreads():
+    source = (KERNEL_PATH / "jit" / "argmax.cu").read_text()
+    assert "__syncthreads();" in source
+    broken = load_source(
+        "argmax_no_barrier",
+        source.replace("__syncthreads();", ""),
+        "TVM_FFI_DLL_EXPORT_TYPED_FUNC(launch, (ArgmaxKernel<128>::run));",
+    )
+    logits = torch.randn(8, 500, generator=torch.Generator().manual_seed(1))
+    out = torch.empty(8, dtype=torch.int64)
+    broken.launch(logits, out)
+    assert not torch.equal(out, torch.argmax(logits, dim=-1))
+    argmax(logits)  # the kernel as written is right (test_argmax_breaks_ties_like_torch)
+
+
+@cpu_only
+def test_the_simulator_shows_a_missing_block_index():
+    source = (KERNEL_PATH / "jit" / "store.cu").read_text()
+    broken = load_source(
+        "store_no_block",
+        source.replace("+ blockIdx.x * kWarpsPerBlock", ""),
+        "TVM_FFI_DLL_EXPORT_TYPED_FUNC(launch, (StoreKernel<128, 16, 128>::run));",
+    )
+    slots, k, v = kv_batch(9, 32, torch.float32)
+    caches = [torch.zeros(256, 32) for _ in range(2)]
+    broken.launch(*caches, slots, k, v)
+    stored = caches[0][slots.long()].ne(0).any(dim=1)
+    assert stored[:4].all() and not stored[4:].any()  # only block 0's four warps wrote
+
+
+def test_a_build_is_named_after_everything_that_goes_into_it(tmp_path, monkeypatch):
+    from minisgl.kernel import utils
+
+    monkeypatch.setenv("TVM_FFI_CACHE_DIR", str(tmp_path))
+    first = utils._build_directory("k", ["int x;"], ["-O2"])
+    assert first.parent == tmp_path / "minisgl"
+    assert utils._build_directory("k", ["int x;"], ["-O2"]) == first
+    assert utils._build_directory("k", ["int y;"], ["-O2"]) != first
+    assert utils._build_directory("k", ["int x;"], ["-O3"]) != first
