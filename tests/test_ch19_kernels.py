@@ -217,3 +217,51 @@ def test_a_build_is_named_after_everything_that_goes_into_it(tmp_path, monkeypat
     assert utils._build_directory("k", ["int x;"], ["-O2"]) == first
     assert utils._build_directory("k", ["int y;"], ["-O2"]) != first
     assert utils._build_directory("k", ["int x;"], ["-O3"]) != first
+
+
+# ------------------------------------------------------------------ FlashInfer's small kernels
+gpu_16_bit = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="FlashInfer's fused kernels run on a GPU only"
+)
+
+
+@gpu_16_bit
+def test_flashinfers_small_kernels_compute_what_the_pytorch_code_computes():
+    """In bfloat16 on a GPU the norms, SiLU-and-mul and RoPE call FlashInfer; each agrees with
+    the float32 PyTorch code to bfloat16's precision (8 bits of mantissa)."""
+    from minisgl.layers.activation import silu_and_mul
+    from minisgl.layers.gpu import flashinfer_for
+    from minisgl.layers.norm import RMSNorm, RMSNormFused, rms_norm
+    from minisgl.layers.rotary import RotaryEmbedding
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(37, 256, device="cuda", generator=g).bfloat16()
+    if flashinfer_for(x) is None:
+        pytest.skip("FlashInfer is not installed")
+    close = dict(atol=2e-2, rtol=2e-2)
+    norm = RMSNorm(256, 1e-6)
+    norm.weight = torch.rand(256, device="cuda", generator=g).bfloat16() + 0.5
+    expected = rms_norm(x.float(), norm.weight.float(), 1e-6)
+    torch.testing.assert_close(norm.forward(x).float(), expected, **close)
+    fused = RMSNormFused(256, 1e-6)
+    fused.weight = norm.weight
+    residual = torch.randn(37, 256, device="cuda", generator=g).bfloat16()
+    total = (x.float() + residual.float()).bfloat16().float()
+    out, stream = fused.forward(x.clone(), residual.clone())
+    torch.testing.assert_close(stream.float(), total, **close)
+    torch.testing.assert_close(out.float(), rms_norm(total, norm.weight.float(), 1e-6), **close)
+    gate_up = torch.randn(37, 512, device="cuda", generator=g).bfloat16()
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    torch.testing.assert_close(
+        silu_and_mul(gate_up).float(), torch.nn.functional.silu(gate) * up, **close
+    )
+    rope = RotaryEmbedding(64, 64, 4096, 1e6)
+    rope._cos_sin_cache = rope._cos_sin_cache.cuda()
+    positions = torch.randint(0, 4096, (37,), device="cuda", generator=g)
+    q = torch.randn(37, 4 * 64, device="cuda", generator=g).bfloat16()
+    k = torch.randn(37, 2 * 64, device="cuda", generator=g).bfloat16()
+    q32, k32 = q.float(), k.float()
+    rope.forward(positions, q32, k32)  # float32: the PyTorch code
+    rope.forward(positions, q, k)  # bfloat16: FlashInfer's kernel
+    torch.testing.assert_close(q.float(), q32, **close)
+    torch.testing.assert_close(k.float(), k32, **close)

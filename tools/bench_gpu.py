@@ -69,7 +69,7 @@ CONFIGURATIONS: Dict[str, Tuple[str, Dict]] = {
         dict(attention_backend="fi", cuda_graph_max_bs=0),
     ),
     "fi-graphs": (
-        "FlashInfer + CUDA graphs up to batch 256 (chapter 18), overlap on",
+        "FlashInfer + CUDA graphs up to batch 256, overlap on",
         dict(attention_backend="fi"),
     ),
 }

@@ -5,8 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .gpu import flashinfer_for
+
 
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    if (flashinfer := flashinfer_for(x)) is not None:
+        return flashinfer.silu_and_mul(x, out=out)
     gate, up = x.chunk(2, dim=-1)
     result = F.silu(gate) * up
     return result if out is None else out.copy_(result)

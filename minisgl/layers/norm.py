@@ -7,6 +7,7 @@ from typing import Tuple
 import torch
 
 from .base import BaseOP
+from .gpu import flashinfer_for
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -22,10 +23,15 @@ class RMSNorm(BaseOP):
         self.weight = torch.empty(size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (flashinfer := flashinfer_for(x)) is not None:
+            return flashinfer.rmsnorm(x, self.weight, self.eps)
         return rms_norm(x, self.weight, self.eps)
 
     def forward_inplace(self, x: torch.Tensor) -> None:
         """Normalise x in place (Qwen3's q and k norms work on views of the qkv output)."""
+        if (flashinfer := flashinfer_for(x)) is not None:
+            flashinfer.rmsnorm(x, self.weight, self.eps, out=x)
+            return
         x.copy_(rms_norm(x, self.weight, self.eps))
 
 
@@ -34,7 +40,8 @@ class RMSNormFused(BaseOP):
 
     forward(x, None) starts the stream: it returns (norm(x), x).
     forward(x, residual) adds the sub-layer output x to the stream first:
-    it returns (norm(x + residual), x + residual).
+    it returns (norm(x + residual), x + residual). FlashInfer's fused kernel (on a GPU in 16
+    bits) computes both in place, in x and residual: the caller passes tensors it no longer needs.
     """
 
     def __init__(self, size: int, eps: float) -> None:
@@ -44,6 +51,11 @@ class RMSNormFused(BaseOP):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> Tuple[torch.Tensor, torch.Tensor]:
+        if (flashinfer := flashinfer_for(x)) is not None:
+            if residual is None:
+                return flashinfer.rmsnorm(x, self.weight, self.eps), x
+            flashinfer.fused_add_rmsnorm(x, residual, self.weight, self.eps)
+            return x, residual  # residual += x, then x = norm(residual)
         if residual is not None:
             x = x + residual
         return rms_norm(x, self.weight, self.eps), x

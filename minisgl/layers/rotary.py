@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Tuple
 import torch
 
 from .base import StateLessOP
+from .gpu import flashinfer_for
 
 
 class RotaryEmbedding(StateLessOP):
@@ -41,6 +42,11 @@ class RotaryEmbedding(StateLessOP):
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Rotate query [n, heads * d] and key [n, kv_heads * d] in place, by their positions."""
+        if (flashinfer := flashinfer_for(query)) is not None:  # the same table, one kernel
+            flashinfer.apply_rope_with_cos_sin_cache_inplace(
+                positions, query, key, self.head_size, self._cos_sin_cache, is_neox=True
+            )
+            return query, key
         cos, sin = self._cos_sin_cache[positions.long()].chunk(2, dim=-1)  # [n, d/2] each
         for x in (query, key):
             heads = x.view(x.shape[0], -1, self.head_size)
