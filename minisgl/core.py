@@ -13,6 +13,7 @@ import torch
 if TYPE_CHECKING:
     from minisgl.attention import BaseAttnBackend, BaseAttnMetadata
     from minisgl.kvcache import BaseCacheHandle, BaseKVCachePool
+    from minisgl.moe import BaseMoeBackend
 
 
 @dataclass
@@ -163,6 +164,7 @@ class Context:
     page_table: torch.Tensor = field(init=False)
     attn_backend: BaseAttnBackend = field(init=False)
     kv_cache: BaseKVCachePool = field(init=False)
+    moe_backend: BaseMoeBackend = field(init=False)  # for a mixture-of-experts model
     _batch: Batch | None = field(default=None, init=False)
 
     @property

@@ -100,6 +100,12 @@ def test_fast_compare_key_finds_the_first_difference(dtype):
         assert fast_compare_key(a, b) == compare_key_reference(a, b) == fast_compare_key(b, a)
 
 
+def test_fast_compare_key_compares_ids_of_two_integer_types():
+    a = torch.arange(50, dtype=torch.int32)
+    b = torch.cat([torch.arange(20), torch.tensor([-1])])  # int64
+    assert fast_compare_key(a, b) == 20 == fast_compare_key(b, a)
+
+
 def test_argmax_breaks_ties_like_torch():
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(6, 3001, generator=g)

@@ -126,6 +126,30 @@ TINY_MODELS: Dict[str, TinySpec] = {
                 },
             ),
         ),
+        # Qwen3-MoE: Qwen3's attention, and in every layer 8 experts of which each token uses
+        # 2 (chapter 20 on: earlier chapters cannot run it, so it is not in PARITY_MODELS)
+        TinySpec(
+            "tiny-qwen3-moe",
+            "Qwen3MoeConfig",
+            seed=9,
+            init_std=0.05,
+            config=dict(
+                hidden_size=256,
+                intermediate_size=512,
+                moe_intermediate_size=128,
+                num_experts=8,
+                num_experts_per_tok=2,
+                norm_topk_prob=True,
+                decoder_sparse_step=1,
+                mlp_only_layers=[],
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=128,
+                tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+            ),
+        ),
         # Mistral: Llama's layout under another name, untied head, no sliding window
         TinySpec(
             "tiny-mistral",
@@ -150,11 +174,22 @@ TINY_MODELS: Dict[str, TinySpec] = {
 # The models every chapter's main checks against transformers, in this order.
 # $MINISGL_BOOK_MODELS (comma-separated names) narrows the list, e.g. on a machine that cannot
 # download SmolLM2.
+MOE_MODEL = "tiny-qwen3-moe"  # checked from chapter 20 on, which adds mixtures of experts
+
+
+def _chosen(name: str) -> bool:
+    wanted = os.environ.get("MINISGL_BOOK_MODELS")
+    return not wanted or name in wanted.split(",")
+
+
 PARITY_MODELS: List[str] = [
-    name
-    for name in [*TINY_MODELS, SMOLLM2]
-    if not os.environ.get("MINISGL_BOOK_MODELS")
-    or name in os.environ["MINISGL_BOOK_MODELS"].split(",")
+    name for name in [*TINY_MODELS, SMOLLM2] if name != MOE_MODEL and _chosen(name)
+]
+# chapter 20 and later: the MoE model too, after the other tiny ones
+MOE_PARITY_MODELS: List[str] = [
+    *[name for name in PARITY_MODELS if name != SMOLLM2],
+    *([MOE_MODEL] if _chosen(MOE_MODEL) else []),
+    *[name for name in PARITY_MODELS if name == SMOLLM2],
 ]
 
 
@@ -357,7 +392,7 @@ def main() -> None:
     parser.add_argument("names", nargs="*", help="models to build (default: all)")
     args = parser.parse_args()
     print(f"cache: {cache_dir()}")
-    for name in args.names or PARITY_MODELS:
+    for name in args.names or MOE_PARITY_MODELS:
         folder = ensure_model(name)
         size = sum(f.stat().st_size for f in folder.iterdir())
         print(f"{name:14s} {size / 2**20:7.1f} MiB  {folder}")

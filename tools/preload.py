@@ -117,6 +117,13 @@ def _child(request: Dict, base_path: List[str]) -> None:
 def serve() -> None:
     """Read requests (one JSON object per line) on stdin; answer each with the pid of its
     child, and report each child's exit code when it ends. Stops when stdin closes."""
+    import torch
+
+    if not torch.cuda.is_available():
+        # Triton runs on a CPU only in its interpreter, which it chooses when triton.language
+        # is first imported (transformers' model code imports it): choose before that, as the
+        # book's mains and tests do
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     for name in (*PRELOADED, *TRANSFORMERS_MODULES):
         try:
             __import__(name)

@@ -19,6 +19,7 @@ from minisgl.distributed import destroy_distributed, reset_tp_info, set_tp_info
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.layers import set_rope_device
 from minisgl.models import create_model, load_weight
+from minisgl.moe import create_moe_backend
 from minisgl.utils import device as dev
 from minisgl.utils import div_even, init_logger, torch_dtype
 
@@ -85,6 +86,8 @@ class Engine:
         self.ctx.attn_backend = self.attn_backend = create_attention_backend(
             config.attention_backend, config.model_config
         )
+        if config.model_config.is_moe:
+            self.ctx.moe_backend = self.moe_backend = create_moe_backend(config.moe_backend)
         self.sampler = Sampler(self.device, config.model_config.vocab_size)
 
         # a request that pads batches (CUDA graphs, chapter 18); its K/V go to the dummy page
@@ -239,6 +242,12 @@ def _adjust_config(config: EngineConfig) -> None:
     if config.attention_backend == "auto":
         override("attention_backend", _auto_attention_backend(config))
         logger.info_rank0(f"attention backend: {config.attention_backend}")
+    if config.model_config.is_moe and config.moe_backend == "auto":
+        # the Triton kernels on a GPU; on a CPU the loop over the experts (Triton runs there
+        # only in its interpreter, hundreds of times slower)
+        on_gpu = dev.is_cuda(dev.default_device(config.tp_info.rank))
+        override("moe_backend", "fused" if on_gpu else "torch")
+        logger.info_rank0(f"MoE backend: {config.moe_backend}")
 
 
 def _auto_attention_backend(config: EngineConfig) -> str:

@@ -19,9 +19,12 @@ def _load_radix_module() -> Module:
 
 
 def fast_compare_key(x: torch.Tensor, y: torch.Tensor) -> int:
-    """How many leading ids two 1-D int CPU tensors share."""
+    """How many leading ids two 1-D int CPU tensors share. The engine's ids are int32; ids of
+    another integer type are converted (the C++ side compares buffers of one type)."""
     if not compiler_available():
         return compare_key_reference(x, y)
+    if y.dtype != x.dtype:
+        y = y.to(x.dtype)
     return _load_radix_module().fast_compare_key(x, y)
 
 

@@ -9,6 +9,7 @@ from .linear import (
     LinearReplicated,
     LinearRowParallel,
 )
+from .moe import MoELayer
 from .norm import RMSNorm, RMSNormFused
 from .rotary import get_rope, set_rope_device
 
@@ -30,4 +31,5 @@ __all__ = [
     "get_rope",
     "set_rope_device",
     "LinearReplicated",
+    "MoELayer",
 ]

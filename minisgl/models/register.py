@@ -13,6 +13,7 @@ _MODEL_REGISTRY: Dict[str, Tuple[str, str]] = {
     "MistralForCausalLM": (".mistral", "MistralForCausalLM"),
     "Qwen2ForCausalLM": (".qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": (".qwen3", "Qwen3ForCausalLM"),
+    "Qwen3MoeForCausalLM": (".qwen3_moe", "Qwen3MoeForCausalLM"),
 }
 
 

@@ -1,5 +1,6 @@
-"""The parts every dense decoder shares: the gated MLP, attention with RoPE, and the decoder
-itself, written once and configured per architecture."""
+"""The parts every decoder shares: the gated MLP (or, in a mixture-of-experts model, the
+router and the experts), attention with RoPE, and the decoder itself, written once and
+configured per architecture."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from minisgl.layers import (
     LinearColParallelMerged,
     LinearOProj,
     LinearQKVMerged,
+    LinearReplicated,
     LinearRowParallel,
+    MoELayer,
     OPList,
     ParallelLMHead,
     RMSNorm,
@@ -51,6 +54,27 @@ class GatedMLP(BaseOP):
     @nvtx_annotate("MLP")
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj.forward(self.act_fn(self.gate_up_proj.forward(x)))
+
+
+class MoEMLP(BaseOP):
+    """The router (a linear layer every rank holds whole) scores the experts for each token;
+    the experts' layer runs each token's best `num_experts_per_tok` of them."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.experts = MoELayer(
+            num_experts=config.num_experts,
+            top_k=config.num_experts_per_tok,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.moe_intermediate_size,
+            renormalize=config.norm_topk_prob,
+            activation=config.hidden_act,
+        )
+        self.gate = LinearReplicated(config.hidden_size, config.num_experts, has_bias=False)
+
+    @nvtx_annotate("MoE")
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        router_logits = self.gate.forward(hidden_states)  # [tokens, experts]
+        return self.experts.forward(hidden_states, router_logits)
 
 
 class RopeAttn(BaseOP):
@@ -103,7 +127,7 @@ class DecoderLayer(BaseOP):
         self.self_attn = RopeAttn(
             config, layer_id, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm
         )
-        self.mlp = GatedMLP(config)
+        self.mlp = MoEMLP(config) if config.is_moe else GatedMLP(config)
         self.input_layernorm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
         self._layer_id = layer_id
@@ -165,4 +189,4 @@ class DecoderForCausalLM(BaseLLMModel):
         return self.lm_head.forward(hidden)
 
 
-__all__ = ["GatedMLP", "RopeAttn", "DecoderLayer", "DecoderModel", "DecoderForCausalLM"]
+__all__ = ["GatedMLP", "MoEMLP", "RopeAttn", "DecoderLayer", "DecoderModel", "DecoderForCausalLM"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from typing import Dict, Iterator, Tuple
 
 import safetensors
@@ -71,6 +72,24 @@ def _shard_tensor(name: str, tensor: torch.Tensor, tp: DistributedInfo, num_kv_h
     return tensor
 
 
+_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<index>\d+)\.(?P<name>\w+)\.weight$")
+
+
+def _expert_slot(key: str) -> Tuple[str, int] | None:
+    """For one expert's (merged) weight, `...experts.7.gate_up_proj.weight`: the stacked key
+    `...experts.gate_up_proj` and the expert's number 7; else None."""
+    match = _EXPERT.match(key)
+    if match is None:
+        return None
+    return f"{match['prefix']}.{match['name']}", int(match["index"])
+
+
+def _num_experts(model_path: str) -> int:
+    from .config import ModelConfig
+
+    return ModelConfig.from_hf(cached_load_hf_config(model_path)).num_experts
+
+
 def _num_kv_heads(model_path: str) -> int:
     from .config import ModelConfig
 
@@ -93,6 +112,24 @@ def load_weight(model_path: str, device: torch.device) -> Iterator[Tuple[str, to
     tp = tp_info_or_one()
     num_kv_heads = _num_kv_heads(model_path) if tp.size > 1 else 0  # used to cut k and v
     pending: Dict[str, Dict[str, torch.Tensor]] = {}  # merged key -> the slots read so far
+    experts: Dict[str, Dict[int, torch.Tensor]] = {}  # stacked key -> the experts read so far
+    num_experts = 0  # read from the config at the first expert's weight
+
+    def stack_experts(name: str, tensor: torch.Tensor) -> Iterator[Tuple[str, torch.Tensor]]:
+        """A MoE layer holds its experts' weights as one tensor [experts, ...]: collect them."""
+        nonlocal num_experts
+        slot = _expert_slot(name)
+        if slot is None:
+            yield name, tensor
+            return
+        num_experts = num_experts or _num_experts(model_path)
+        key, index = slot
+        group = experts.setdefault(key, {})
+        group[index] = tensor
+        if len(group) == num_experts:
+            del experts[key]
+            yield key, torch.stack([group[i] for i in range(num_experts)])
+
     for file in _checkpoint_files(folder):
         with safetensors.safe_open(file, framework="pt", device=str(device)) as f:
             for name in f.keys():
@@ -103,13 +140,15 @@ def load_weight(model_path: str, device: torch.device) -> Iterator[Tuple[str, to
                 tensor = _shard_tensor(name, tensor, tp, num_kv_heads)
                 info = _get_merge_info(name)
                 if info is None:
-                    yield name, tensor
+                    yield from stack_experts(name, tensor)
                     continue
                 merged_key, slot, slots = info
                 group = pending.setdefault(merged_key, {})
                 group[slot] = tensor
                 if len(group) == len(slots):
                     del pending[merged_key]
-                    yield merged_key, torch.cat([group[s] for s in slots], dim=0)
+                    yield from stack_experts(merged_key, torch.cat([group[s] for s in slots]))
     if pending:
         raise ValueError(f"incomplete merge groups in the checkpoint: {sorted(pending)}")
+    if experts:
+        raise ValueError(f"experts missing from the checkpoint in: {sorted(experts)}")

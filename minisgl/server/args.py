@@ -83,6 +83,7 @@ def _port(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from minisgl.attention import SUPPORTED_ATTENTION_BACKENDS, validate_attn_backend
     from minisgl.kvcache import SUPPORTED_CACHE_MANAGER
+    from minisgl.moe import SUPPORTED_MOE_BACKENDS
 
     d = ServerArgs  # the defaults
     p = argparse.ArgumentParser(
@@ -187,6 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.cache_type,
         choices=SUPPORTED_CACHE_MANAGER.supported_names(),
         help="the prefix cache",
+    )
+    add(
+        "--moe-backend",
+        default=d.moe_backend,
+        choices=["auto", *SUPPORTED_MOE_BACKENDS.supported_names()],
+        help="a mixture-of-experts model's experts: fused (Triton) or torch; auto picks fused "
+        "on a GPU",
     )
     add("--shell-mode", action="store_true", help="chat in this terminal instead of serving HTTP")
     return p
