@@ -33,6 +33,7 @@ from tools.figures.chapters import (
     ch16,
     ch17,
     ch18,
+    ch19,
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "figures"
@@ -77,6 +78,8 @@ FIGURES: dict[str, Callable[[], str]] = {
     "ch17-plan-run": ch17.fig_plan_run,
     "ch18-capture-replay": ch18.fig_capture_replay,
     "ch18-padding": ch18.fig_padding,
+    "ch19-two-builds": ch19.fig_two_builds,
+    "ch19-store-warps": ch19.fig_store_warps,
 }
 
 
