@@ -762,6 +762,23 @@ def test_new_opens_a_chapter_and_keeps_every_earlier_tree(tmp_path: Path) -> Non
     assert Book(root).verify() == []
 
 
+def test_a_refused_new_chapter_leaves_the_book_as_it_was(tmp_path: Path) -> None:
+    """`new` checks every argument before it writes: a "creates" file that exists already is
+    refused before any "modifies" file is moved into an earlier chapter's folder."""
+    root = make_book(tmp_path)
+    (root / "chapters" / "book.toml").write_text(
+        (root / "chapters" / "book.toml").read_text()
+        + '[[plan]]\nnumber = "03"\ntitle = "three"\nsummary = "quadruple the value"\n'
+    )
+    (root / "minisgl/quad.py").write_text("X = 1\n")  # written by hand, before `new`
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    argv = ["--root", str(root), "new", "3", "quad", "--modifies", "minisgl/util.py"]
+    assert main([*argv, "--creates", "minisgl/quad.py"]) != 0
+    after = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    assert after == before
+    assert not (root / "chapters/ch02/minisgl/util.py").exists()
+
+
 def test_a_tree_built_by_hand_imports_only_its_own_files(tmp_path: Path) -> None:
     """The README's `steps.py build 5 --out DIR && cd DIR && python examples/...`, with the
     repository installed in editable mode (as the set-up does): a module chapter 05 does not

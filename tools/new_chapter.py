@@ -37,7 +37,8 @@ def _toml_list(items: Sequence[str]) -> str:
 def open_chapter(
     book: Book, number: int, slug: str, modifies: Sequence[str], creates: Sequence[str]
 ) -> List[str]:
-    """Do it; return what was done, one line each."""
+    """Do it; return what was done, one line each. Every argument is checked before anything
+    is written: a refused call leaves the book as it was."""
     if any(m.number == number for m in book.chapters):
         raise BookError(f"chapter {number:02d} exists already")
     if number < book.last.number:
@@ -48,10 +49,20 @@ def open_chapter(
     folder = book.root / "chapters" / f"ch{label}"
     entry = _plan_entry(book, number)
     final = book.package_files(book.last.number)
-    done: List[str] = []
+    main = f"examples/ch{label}_{slug}.py"
+    test = f"tests/test_ch{label}_{slug}.py"
+    page = f"docs/chapters/ch{label}-{slug}.md"
     for path in modifies:
         if path not in final:
             raise BookError(f"{path} is not in the last chapter's tree: it cannot be modified")
+    for path in creates:
+        if (book.root / path).exists() or path in final:
+            raise BookError(f"{path} exists already: list it under --modifies")
+    for path in (main, test, page):
+        if (book.root / path).exists():
+            raise BookError(f"{path} exists already")
+    done: List[str] = []
+    for path in modifies:
         writer = book.writers(path)[-1]
         kept = writer.folder / path
         kept.parent.mkdir(parents=True, exist_ok=True)
@@ -59,14 +70,9 @@ def open_chapter(
         done.append(f"kept chapter {writer.label}'s {path} in {kept.relative_to(book.root)}")
     for path in creates:
         target = book.root / path
-        if target.exists() or path in final:
-            raise BookError(f"{path} exists already: list it under --modifies")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(f'"""(chapter {label}: say what this module holds)"""\n')
         done.append(f"created {path}")
-    main = f"examples/ch{label}_{slug}.py"
-    test = f"tests/test_ch{label}_{slug}.py"
-    page = f"docs/chapters/ch{label}-{slug}.md"
     skeletons = {
         main: f'"""Chapter {label}: {entry["title"]}. (What the main shows; it ends with the '
         f'parity check.)"""\n\nimport sys\n\nif __name__ == "__main__":\n'
@@ -78,8 +84,6 @@ def open_chapter(
     }
     for path, text in skeletons.items():
         target = book.root / path
-        if target.exists():
-            raise BookError(f"{path} exists already")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
         done.append(f"wrote the skeleton {path}")
