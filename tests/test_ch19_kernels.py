@@ -7,14 +7,10 @@ in its interpreter; on a GPU the same tests run the compiled kernels.
 
 from __future__ import annotations
 
-import os
 from typing import Tuple
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 from minisgl.kernel import argmax, fast_compare_key, indexing, store_cache  # noqa: E402
 from minisgl.kernel.index import indexing_reference  # noqa: E402

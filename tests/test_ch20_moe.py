@@ -7,13 +7,8 @@ On a CPU the Triton kernels run in Triton's interpreter; on a GPU they are compi
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 from minisgl.moe import SUPPORTED_MOE_BACKENDS, create_moe_backend  # noqa: E402
 from minisgl.moe.fused import FusedMoe, moe_align_block_size  # noqa: E402

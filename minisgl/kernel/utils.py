@@ -54,7 +54,7 @@ def make_cpp_args(*args: CPP_TEMPLATE_TYPE) -> CppArgList:
 
 
 def _make_name(*args: str) -> str:
-    return "minisgl__" + "_".join(str(arg).replace(", ", "_") for arg in args)
+    return "minisgl__" + "_".join(args)
 
 
 def _make_wrapper(export_name: str, function: str) -> str:

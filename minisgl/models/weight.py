@@ -15,13 +15,16 @@ from __future__ import annotations
 import glob
 import os
 import re
-from typing import Dict, Iterator, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, Tuple
 
 import safetensors
 import torch
 
 from minisgl.distributed import DistributedInfo, tp_info_or_one
 from minisgl.utils import cached_load_hf_config, div_ceil, div_even, download_hf_weight
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
 
 # checkpoint suffix -> (merged suffix, its slot, every slot of the merged tensor in order)
 _MERGE_GROUPS: Dict[str, Tuple[str, str, Tuple[str, ...]]] = {
@@ -84,16 +87,10 @@ def _expert_slot(key: str) -> Tuple[str, int] | None:
     return f"{match['prefix']}.{match['name']}", int(match["index"])
 
 
-def _num_experts(model_path: str) -> int:
+def _model_config(model_path: str) -> ModelConfig:
     from .config import ModelConfig
 
-    return ModelConfig.from_hf(cached_load_hf_config(model_path)).num_experts
-
-
-def _num_kv_heads(model_path: str) -> int:
-    from .config import ModelConfig
-
-    return ModelConfig.from_hf(cached_load_hf_config(model_path)).num_kv_heads
+    return ModelConfig.from_hf(cached_load_hf_config(model_path))
 
 
 def _checkpoint_files(folder: str) -> list[str]:
@@ -110,7 +107,7 @@ def load_weight(model_path: str, device: torch.device) -> Iterator[Tuple[str, to
     at a time."""
     folder = download_hf_weight(model_path)
     tp = tp_info_or_one()
-    num_kv_heads = _num_kv_heads(model_path) if tp.size > 1 else 0  # used to cut k and v
+    num_kv_heads = _model_config(model_path).num_kv_heads if tp.size > 1 else 0  # cuts k, v
     pending: Dict[str, Dict[str, torch.Tensor]] = {}  # merged key -> the slots read so far
     experts: Dict[str, Dict[int, torch.Tensor]] = {}  # stacked key -> the experts read so far
     num_experts = 0  # read from the config at the first expert's weight
@@ -122,7 +119,7 @@ def load_weight(model_path: str, device: torch.device) -> Iterator[Tuple[str, to
         if slot is None:
             yield name, tensor
             return
-        num_experts = num_experts or _num_experts(model_path)
+        num_experts = num_experts or _model_config(model_path).num_experts
         key, index = slot
         group = experts.setdefault(key, {})
         group[index] = tensor
