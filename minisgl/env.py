@@ -1,6 +1,8 @@
 """Settings read from MINISGL_* environment variables, once, at import.
 
     ENV.DISABLE_OVERLAP_SCHEDULING   MINISGL_DISABLE_OVERLAP_SCHEDULING=1 runs the plain loop
+    ENV.DISABLE_CUSTOM_KERNELS       MINISGL_DISABLE_CUSTOM_KERNELS=1 runs chapter 19's kernels'
+                                     PyTorch references instead (chapter 21's ablation)
 
 A value that does not parse keeps the default (and says so on stderr). Later chapters add
 their own settings here.
@@ -62,6 +64,7 @@ class EnvClassSingleton:
     _instance: EnvClassSingleton | None = None
 
     DISABLE_OVERLAP_SCHEDULING = EnvBool(False)
+    DISABLE_CUSTOM_KERNELS = EnvBool(False)
     # how the shell (python -m minisgl.shell, chapter 15) samples its answers
     SHELL_MAX_TOKENS = EnvInt(2048)
     SHELL_TOP_K = EnvInt(-1)

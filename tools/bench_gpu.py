@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -89,12 +88,10 @@ def model_folder() -> Path:
 
 def workload() -> Tuple[List[List[int]], List[int]]:
     """Upstream's requests, drawn in upstream's order from random.seed(0)."""
-    random.seed(0)
-    prompts = [
-        [random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(256)
-    ]
-    new_tokens = [random.randint(100, 1024) for _ in range(256)]
-    return prompts, new_tokens
+    from minisgl.benchmark.offline import make_offline_workload
+
+    work = make_offline_workload()
+    return work.prompts, [p.max_tokens for p in work.sampling_params]
 
 
 def build_engine(name: str):

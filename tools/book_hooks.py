@@ -21,6 +21,7 @@ import difflib
 import json
 import re
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -318,7 +319,8 @@ def fold_parity_table(block: re.Match) -> str:
 def figure_min_width(svg: str) -> int:
     """The width (CSS px) at which the figure's smallest text is SMALLEST_TEXT_PX tall."""
     view = re.search(r'viewBox="[\d.]+ [\d.]+ (?P<w>[\d.]+) [\d.]+"', svg)
-    sizes = [float(v) for v in re.findall(r'font-size="([\d.]+)"', svg)]
+    # an attribute (the book's own figures) or a style (matplotlib's text)
+    sizes = [float(v) for v in re.findall(r'font-size(?:="|:\s*)([\d.]+)', svg)]
     if view is None or not sizes:
         raise BookError("a figure needs a viewBox and font sizes to be scaled legibly")
     return round(float(view["w"]) * SMALLEST_TEXT_PX / min(sizes))
@@ -331,9 +333,15 @@ def render_figure(figure: re.Match, depth: int) -> str:
     if path.exists():  # drawn by the build's pre-build hook
         svg = path.read_text()
     else:  # a page expanded outside a build (the tests): draw it here
+        from tools import plot_benchmarks
         from tools.figures import FIGURES
 
-        svg = FIGURES[path.stem]()
+        plots = {"ch21-batch": plot_benchmarks.plot_batch, "ch21-split": plot_benchmarks.plot_split}
+        if path.stem in plots:  # matplotlib's, from the measurements
+            with tempfile.TemporaryDirectory() as out:
+                svg = plots[path.stem](ROOT / "docs" / "data", Path(out)).read_text()
+        else:
+            svg = FIGURES[path.stem]()
     href = "../" * depth + figure["path"]
     return (
         f'<div class="book-figure" style="--book-figure-min: {figure_min_width(svg)}px" markdown>\n'

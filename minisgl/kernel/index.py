@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Tuple
 import torch
 import torch.nn.functional as F
 
-from .utils import KernelConfig, chunk_bytes, compiler_available, load_jit, make_cpp_args
+from .utils import KernelConfig, chunk_bytes, load_jit, make_cpp_args, use_custom_kernels
 
 if TYPE_CHECKING:
     from tvm_ffi import Module
@@ -51,7 +51,7 @@ def indexing(
     if output is None:
         output = weights.new_empty(indices.shape[0], weights.shape[1])
     cuda = weights.is_cuda
-    if not cuda and not compiler_available():
+    if not use_custom_kernels(cuda):
         return indexing_reference(weights, indices, output=output, vocab_range=vocab_range)
     row_bytes = weights.shape[1] * weights.element_size()
     # a row of 2 KiB or more is split among warps: few tokens still occupy many warps

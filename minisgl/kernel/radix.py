@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .utils import compiler_available, load_aot
+from .utils import load_aot, use_custom_kernels
 
 if TYPE_CHECKING:
     from tvm_ffi import Module
@@ -21,7 +21,7 @@ def _load_radix_module() -> Module:
 def fast_compare_key(x: torch.Tensor, y: torch.Tensor) -> int:
     """How many leading ids two 1-D int CPU tensors share. The engine's ids are int32; ids of
     another integer type are converted (the C++ side compares buffers of one type)."""
-    if not compiler_available():
+    if not use_custom_kernels(cuda=False):
         return compare_key_reference(x, y)
     if y.dtype != x.dtype:
         y = y.to(x.dtype)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .utils import KernelConfig, chunk_bytes, compiler_available, load_jit, make_cpp_args
+from .utils import KernelConfig, chunk_bytes, load_jit, make_cpp_args, use_custom_kernels
 
 if TYPE_CHECKING:
     from tvm_ffi import Module
@@ -51,7 +51,7 @@ def store_cache(
     [n, heads, head_dim], rows of any stride, converted to the caches' dtype; indices: [n]
     slot of each new token."""
     cuda = k_cache.is_cuda
-    if not cuda and not compiler_available():
+    if not use_custom_kernels(cuda):
         return store_cache_reference(k_cache, v_cache, indices, k, v)
     num_slots = k_cache.shape[0]
     k_cache, v_cache = k_cache.view(num_slots, -1), v_cache.view(num_slots, -1)

@@ -21,6 +21,8 @@ import os
 import pathlib
 from typing import TYPE_CHECKING, List, NamedTuple, Tuple, Union
 
+from minisgl.env import ENV
+
 if TYPE_CHECKING:
     from tvm_ffi import Module
 
@@ -125,6 +127,14 @@ def compiler_available() -> bool:
     except ImportError:
         return False
     return shutil.which(os.environ.get("CXX", "c++")) is not None
+
+
+def use_custom_kernels(cuda: bool) -> bool:
+    """Whether the engine runs the book's kernels, or their PyTorch references: on a GPU always,
+    on a CPU where the simulation can be built; never with MINISGL_DISABLE_CUSTOM_KERNELS=1."""
+    if ENV.DISABLE_CUSTOM_KERNELS:
+        return False
+    return cuda or compiler_available()
 
 
 def load_source(name: str, source: str, wrapper: str, *, cuda: bool = False) -> Module:

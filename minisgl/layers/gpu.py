@@ -15,6 +15,8 @@ from types import ModuleType
 
 import torch
 
+from minisgl.env import ENV
+
 _NEEDED = ("rmsnorm", "fused_add_rmsnorm", "silu_and_mul", "apply_rope_with_cos_sin_cache_inplace")
 
 
@@ -29,8 +31,11 @@ def _flashinfer() -> ModuleType | None:
 
 
 def flashinfer_for(x: torch.Tensor) -> ModuleType | None:
-    """FlashInfer, if its fused kernels apply to `x` (a CUDA tensor of a 16-bit dtype)."""
-    if not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16):
+    """FlashInfer, if its fused kernels apply to `x` (a CUDA tensor of a 16-bit dtype) and
+    MINISGL_DISABLE_CUSTOM_KERNELS is not set."""
+    if ENV.DISABLE_CUSTOM_KERNELS or not x.is_cuda:
+        return None
+    if x.dtype not in (torch.float16, torch.bfloat16):
         return None
     return _flashinfer()
 

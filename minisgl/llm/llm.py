@@ -25,6 +25,7 @@ class RequestStatus:
     output_ids: List[int] = field(default_factory=list)
     finished: bool = False
     error: str | None = None  # why the engine could not finish it
+    ignore_eos: bool = False  # an EOS is then a token like any other, kept in the output
 
 
 class LLM(Scheduler):
@@ -69,7 +70,9 @@ class LLM(Scheduler):
             uid = self.counter + taken
             taken += 1
             messages.append(UserMsg(uid=uid, input_ids=input_ids, sampling_params=sampling_params))
-            self.status_map[uid] = RequestStatus(uid=uid, input_ids=input_ids.tolist())
+            self.status_map[uid] = RequestStatus(
+                uid=uid, input_ids=input_ids.tolist(), ignore_eos=sampling_params.ignore_eos
+            )
         self.counter += taken
         self.pending_requests = self.pending_requests[taken:]
         return messages
@@ -79,8 +82,11 @@ class LLM(Scheduler):
             status = self.status_map[msg.uid]
             assert not status.finished, f"request {msg.uid} got a token after it finished"
             status.error = msg.error
-            # a reply of -1 carries no token (a refusal, max_tokens=0); the EOS is not output
-            if msg.next_token >= 0 and not (msg.finished and msg.next_token == self.eos_token_id):
+            # a reply of -1 carries no token (a refusal, max_tokens=0). A final EOS is not
+            # output, unless the request ignores EOS: its last token may be an EOS by chance
+            # (chapter 21's benchmark counted 1535 of 1536 tokens before this was fixed)
+            stopped_by_eos = msg.finished and msg.next_token == self.eos_token_id
+            if msg.next_token >= 0 and not (stopped_by_eos and not status.ignore_eos):
                 status.output_ids.append(msg.next_token)
             status.finished = msg.finished
 

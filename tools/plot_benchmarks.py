@@ -1,0 +1,127 @@
+"""Chapter 21's plots, drawn with matplotlib from the measurements in docs/data:
+
+    python tools/plot_benchmarks.py    # docs/figures/ch21-batch.svg, docs/figures/ch21-split.svg
+
+(`mkdocs build` draws them too, like every figure: docs/figures/ is not committed.)
+
+* ch21-batch.svg: generated tokens per second against the number of requests decoding at once
+  (tools/bench_ablation.py batch), one panel per device that has measurements;
+* ch21-split.svg: a decode step's milliseconds split into parts, one bar per batch size
+  (tools/bench_ablation.py split).
+
+The SVG files are deterministic for given data: no date in their metadata, fixed element ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import matplotlib
+
+matplotlib.use("svg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "data"
+FIGURES = ROOT / "docs" / "figures"
+DEVICES = [("cpu", "CPU"), ("gpu", "GPU")]
+PART_ORDER = [
+    "matrix products",
+    "attention",
+    "norms, SiLU, RoPE",
+    "KV store, embedding",
+    "sampling",
+    "other kernels",
+    "model glue",
+    "scheduler",
+    "host (GPU idle)",
+]
+COLOURS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3",
+           "#8c8c8c", "#ccb974"]  # fmt: skip
+
+
+def load(kind: str, data: Path) -> List[Tuple[str, Dict[str, Any]]]:
+    found = []
+    for key, title in DEVICES:
+        path = data / f"ch21-{kind}-{key}.json"
+        if path.exists():
+            found.append((title, json.loads(path.read_text())))
+    if not found:
+        raise SystemExit(f"no {data}/ch21-{kind}-*.json: run tools/bench_ablation.py {kind}")
+    return found
+
+
+def save(fig: Any, path: Path) -> None:
+    plt.rcParams["svg.hashsalt"] = "minisgl-book"  # fixed ids instead of random ones
+    plt.rcParams["svg.fonttype"] = "none"  # text as text: the page's fonts, and no glyph paths
+    fig.savefig(path, format="svg", metadata={"Date": None}, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_batch(data: Path, out: Path) -> Path:
+    panels = load("batch", data)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    for ax, (title, measured) in zip(axes[0], panels):
+        for (name, curve), marker in zip(measured["curves"].items(), "os^"):
+            points = curve["points"]
+            sizes = [p["batch"] for p in points]
+            rates = [p["tokens"] / p["seconds"] for p in points]
+            ax.plot(sizes, rates, marker=marker, label=name)
+        first = next(iter(measured["curves"].values()))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(sizes, [str(s) for s in sizes])
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("requests decoding at once")
+        ax.set_ylabel("generated tokens / s")
+        ax.set_title(f"{title}: prompts of {first['prompt_len']}, "
+                     f"{first['new_tokens']} new tokens each", fontsize=9)  # fmt: skip
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    path = out / "ch21-batch.svg"
+    save(fig, path)
+    return path
+
+
+def plot_split(data: Path, out: Path) -> Path:
+    panels = load("split", data)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    for ax, (title, measured) in zip(axes[0], panels):
+        rows = measured["rows"]
+        labels = [str(r["batch"]) for r in rows]
+        bottoms = [0.0] * len(rows)
+        for part, colour in zip(PART_ORDER, COLOURS):
+            heights = [r["parts"].get(part, 0.0) for r in rows]
+            if not any(heights):
+                continue
+            ax.bar(labels, heights, bottom=bottoms, label=part, color=colour)
+            bottoms = [b + h for b, h in zip(bottoms, heights)]
+        ax.set_xlabel("requests in the decode batch")
+        ax.set_ylabel("milliseconds per decode step")
+        ax.set_title(f"{title}: one decode step, in parts", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left")
+        ax.grid(True, axis="y", alpha=0.3)
+    path = out / "ch21-split.svg"
+    save(fig, path)
+    return path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--out", type=Path, default=FIGURES)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for path in (plot_batch(args.data, args.out), plot_split(args.data, args.out)):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
