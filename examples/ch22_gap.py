@@ -74,9 +74,12 @@ def resolve(dotted: str) -> Tuple[Any, str, int]:
     """The object `minisgl.<dotted>` names, its file (relative to the tree) and first line."""
     parts = dotted.split(".")
     for split in range(len(parts), 0, -1):
+        candidate = "minisgl." + ".".join(parts[:split])
         try:
-            obj: Any = importlib.import_module("minisgl." + ".".join(parts[:split]))
-        except ModuleNotFoundError:
+            obj: Any = importlib.import_module(candidate)
+        except ModuleNotFoundError as e:
+            if not (e.name and (candidate + ".").startswith(e.name + ".")):
+                raise  # the module exists, but something it imports does not
             continue
         for attr in parts[split:]:
             obj = getattr(obj, attr)  # AttributeError: the page names something that is gone
