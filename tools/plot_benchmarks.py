@@ -15,7 +15,9 @@ The SVG files are deterministic for given data: no date in their metadata, fixed
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
@@ -57,10 +59,18 @@ def load(kind: str, data: Path) -> List[Tuple[str, Dict[str, Any]]]:
 
 
 def save(fig: Any, path: Path) -> None:
+    """The figure as an SVG that a page can inline: without the XML prolog, the doctype and
+    the metadata, on one line (Markdown would cut a multi-line block into paragraphs)."""
     plt.rcParams["svg.hashsalt"] = "minisgl-book"  # fixed ids instead of random ones
     plt.rcParams["svg.fonttype"] = "none"  # text as text: the page's fonts, and no glyph paths
-    fig.savefig(path, format="svg", metadata={"Date": None}, bbox_inches="tight")
+    out = io.StringIO()
+    fig.savefig(out, format="svg", metadata={"Date": None}, bbox_inches="tight")
     plt.close(fig)
+    svg = out.getvalue()
+    svg = svg[svg.index("<svg") :]
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.DOTALL)
+    svg = re.sub(r"\s*\n\s*", " ", svg).strip()
+    path.write_text(svg + "\n")
 
 
 def plot_batch(data: Path, out: Path) -> Path:
