@@ -34,7 +34,6 @@ import functools
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -334,17 +333,10 @@ def split_cpu(llm: Any, prompts: List[List[int]], params: Any) -> Dict[str, Any]
 
 # ------------------------------------------------------------------ the parent
 def run_child(kind: str, engine: Dict[str, Any], env: Dict[str, str], repeat: int) -> Dict:
+    from tools.bench_gpu import run_for_result
+
     spec = json.dumps(dict(kind=kind, engine=engine, repeat=repeat))
-    done = subprocess.run(
-        [sys.executable, __file__, "--child", spec],
-        cwd=ROOT, env={**os.environ, "LOG_LEVEL": "WARNING", **env},
-        capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
-    )  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
-        raise SystemExit(f"{kind} {engine}: exit code {done.returncode}")
-    return json.loads(lines[-1].removeprefix("RESULT "))
+    return run_for_result([__file__, "--child", spec], CHILD_TIMEOUT_S, env)
 
 
 def machine() -> str:
@@ -457,7 +449,9 @@ def main() -> None:
             "ablation": child_ablation, "batch": child_batch, "split": child_split,
         }  # fmt: skip
         result = work[spec["kind"]](spec["engine"], spec["repeat"])
-        print("RESULT " + json.dumps(result), flush=True)
+        from tools.bench_gpu import print_result
+
+        print_result(result)
         return
     if args.what is None:
         parser.error("say what to measure: ablation, batch or split")

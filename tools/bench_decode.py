@@ -18,10 +18,7 @@ engine once and runs the sizes one after another.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +27,7 @@ from typing import Dict, List
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tools.bench_gpu import model_folder  # noqa: E402
+from tools.bench_gpu import model_folder, print_result, run_for_result  # noqa: E402
 
 OUT = ROOT / "docs" / "data" / "ch18-decode-step.md"
 PROMPT, NEW = 256, 256
@@ -79,17 +76,14 @@ def run(graphs: bool, sizes: List[int]) -> Dict[int, float]:
 
 
 def run_in_child(graphs: bool, sizes: List[int]) -> Dict[int, float]:
-    command = [sys.executable, __file__, "--child", "graphs" if graphs else "eager",
-               "--sizes", ",".join(map(str, sizes))]  # fmt: skip
-    env = {**os.environ, "LOG_LEVEL": "WARNING"}
-    done = subprocess.run(
-        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
-        raise SystemExit(f"{command}: exit code {done.returncode}")
-    return {int(k): v for k, v in json.loads(lines[-1].removeprefix("RESULT ")).items()}
+    args = [
+        __file__,
+        "--child",
+        "graphs" if graphs else "eager",
+        "--sizes",
+        ",".join(map(str, sizes)),
+    ]
+    return {int(k): v for k, v in run_for_result(args, RUN_TIMEOUT_S).items()}
 
 
 def table(eager: Dict[int, float], graphs: Dict[int, float]) -> str:
@@ -120,7 +114,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.child:
         result = run(args.child == "graphs", sizes)
-        print("RESULT " + json.dumps(result), flush=True)
+        print_result(result)
         return
     eager = run_in_child(False, sizes)
     print("eager", eager, flush=True)

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from tools.models import cache_dir, ensure_model  # noqa: E402
 
 OUT = ROOT / "docs" / "data" / "ch17-gpu-bench.md"
+RESULT = "RESULT "  # the prefix of the line a measuring child prints its result on
 RUN_TIMEOUT_S = 540  # one configuration; the whole call on the lent GPU has 600 s
 QWEN3_0_6B = dict(
     architectures=["Qwen3ForCausalLM"],
@@ -160,17 +161,28 @@ def run_transformers() -> Dict:
     )
 
 
-def run_in_child(name: str) -> Dict:
-    env = {**os.environ, "LOG_LEVEL": "WARNING"}
+def run_for_result(args: List[str], timeout: float, env: Dict[str, str] | None = None) -> Any:
+    """Run `python *args` in a fresh process (LOG_LEVEL=WARNING, `env` on top) and return the
+    JSON of the last line it prints as `print_result` does. If it fails, the tail of its
+    output goes to stderr and the run stops, naming the command."""
+    env = {**os.environ, "LOG_LEVEL": "WARNING", **(env or {})}
     done = subprocess.run(
-        [sys.executable, __file__, "--child", name],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-    )  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
     if done.returncode != 0 or not lines:
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
-        raise SystemExit(f"{name}: exit code {done.returncode}")
-    return json.loads(lines[-1].removeprefix("RESULT "))
+        raise SystemExit(f"{args}: exit code {done.returncode}")
+    return json.loads(lines[-1].removeprefix(RESULT))
+
+
+def print_result(result: Any) -> None:
+    """What a child of `run_for_result` prints last: its result, as one line of JSON."""
+    print(RESULT + json.dumps(result), flush=True)
+
+
+def run_in_child(name: str) -> Dict:
+    return run_for_result([__file__, "--child", name], RUN_TIMEOUT_S)
 
 
 def table(results: Dict[str, Dict]) -> str:
@@ -198,7 +210,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         result = run_transformers() if args.child == "transformers" else run_ours(args.child)
-        print("RESULT " + json.dumps(result), flush=True)
+        print_result(result)
         return
     results = {}
     for name in args.only.split(","):
