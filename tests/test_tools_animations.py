@@ -40,3 +40,16 @@ def test_the_player_inlines_the_frames_and_no_frame_can_end_the_script(tmp_path,
         book_hooks.render_animation("short")
     with pytest.raises(BookError, match="missing"):
         book_hooks.render_animation("absent")
+
+
+def test_the_cuda_graph_recording_replays_the_eager_tokens_and_catches_a_skipped_copy() -> None:
+    """Chapter 18's animation: every decode step a replay with the eager engine's tokens; the
+    run whose copy_from is left out at one step samples other tokens; new weights are refused."""
+    from tools.animations import cuda_graph
+
+    said = [f.narration for f in cuda_graph.record().frames]
+    assert 12 <= len(said) <= 24
+    assert any("gives the same tokens" in s for s in said)
+    stale = next(s for s in said if "replays on the stale rows" in s)
+    assert "differ)" in stale and "(0 of" not in stale
+    assert "GraphContractError" in said[-1]
