@@ -104,7 +104,11 @@ def test_reading_times_are_counted_from_the_pages() -> None:
     shown = expand("<!-- reading-times -->\n", "how-to-read.md", BOOK)
     words = len((ROOT / BOOK.chapter(0).page).read_text().split())
     assert f"| Start | 00 | {words:,} | " in shown
-    assert "| Projects | P1 to P6 | not written yet | |" in shown
+    projects = [m for m in BOOK.chapters if m.is_project and m.page]
+    if not projects:
+        assert "| Projects | P1 to P6 | not written yet | |" in shown
+    else:  # counted like the chapters (the fixture book's test checks how)
+        assert "| Projects | P1 to P6 | " in shown and f"({len(projects)} of 6 written)" in shown
     total = sum(len((ROOT / m.page).read_text().split()) for m in BOOK.chapters if m.page)
     assert f"The written chapters come to {total:,} words" in shown
 
@@ -119,3 +123,50 @@ def test_the_length_the_text_gives_step0_is_its_length() -> None:
     assert f"The first {engine} are an" in page and f"The last {len(lines) - engine} check" in page
     assert f"a single file of {len(lines)} lines" in (ROOT / "docs" / "index.md").read_text()
     assert f"a {len(lines)}-line engine" in (ROOT / "README.md").read_text()
+
+
+def test_a_project_page_says_where_it_stands_and_how_to_run_its_tree(tmp_path: Path) -> None:
+    """On a small book of chapters 00 to 02 and project P1 (tests/test_tools_steps.py)."""
+    from tests.test_tools_steps import make_project_book
+
+    book = Book(make_project_book(tmp_path))
+    project = book.last
+    shown = expand((tmp_path / "docs" / "p1.md").read_text(), "p1.md", book)
+    lines = shown.split("\n")
+    assert lines[0] == "# P1 · project 1" and lines[2] == (
+        "*Project P1 of the book's six projects, after the 3 chapters "
+        "([the roadmap](../roadmap.md)).*"
+    )
+    assert "## Run this project" in shown and "## Run this chapter" not in shown
+    assert "run in project P1's own tree, built as [Run this project](#run-this-project)" in shown
+    assert "python tools/steps.py check P1\n" in shown
+    assert "python tools/steps.py build P1 --out /tmp/p1\ncd /tmp/p1\n" in shown
+    assert f"python -m pytest -q {project.tests[0]}" in shown
+    # its tree and its code, by the project's label
+    assert '??? abstract "The whole package after this project: 4 files (2 of them' in shown
+    assert re.search(r"\n {8}quad\.py +<- created\n {8}util\.py +<- modified\n", shown)
+    assert '```python title="minisgl/util.py (project P1), new since chapter 02"' in shown
+    changed = expand("<!-- code[p1]: minisgl/util.py::triple -->\n", "x.md", book)
+    assert changed.startswith('```python title="minisgl/util.py (project P1)" linenums="1"')
+    with pytest.raises(BookError, match="'P7' names no chapter"):
+        expand("<!-- tree[P7] -->\n", "x.md", book)
+    # a chapter's page in the same book keeps its cue
+    chapter = expand("# One\n\nText.\n", "ch01.md", book).split("\n")
+    assert chapter[2] == "*Chapter 01 of the 3 chapters ([the roadmap](../roadmap.md)).*"
+
+
+def test_a_written_project_is_linked_on_the_roadmap_and_counted_in_the_reading_times(
+    tmp_path: Path,
+) -> None:
+    from tests.test_tools_steps import make_project_book
+
+    book = Book(make_project_book(tmp_path))
+    for page in ("architecture.md", "machinery.md"):  # the overview pages, counted too
+        (tmp_path / "docs" / page).write_text("# Overview\n")
+    roadmap = expand("<!-- roadmap -->\n", "roadmap.md", book)
+    assert "| P1 | [project 1](p1.md) | project 1, in short | written |" in roadmap
+    assert "| P2 | project 2 | project 2, in short | not yet written |" in roadmap
+    assert "| 01 | [one](ch01.md) | one, in short | written |" in roadmap
+    words = len((tmp_path / "docs" / "p1.md").read_text().split())
+    times = expand("<!-- reading-times -->\n", "how-to-read.md", book)
+    assert f"| Projects | P1 to P6 | {words:,} (1 of 6 written) | 5 min |" in times

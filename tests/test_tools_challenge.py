@@ -43,3 +43,17 @@ def test_check_judges_the_readers_file(tmp_path) -> None:
     broken = tmp_path / "mine.py"
     broken.write_text(Path(solution).read_text().replace("return best", "return 0"))
     assert challenge.cmd_check("stop-strings", broken) != 0
+
+
+def test_a_challenge_may_build_on_a_project(tmp_path, monkeypatch, capsys) -> None:
+    from tools.book import PROJECT_BASE
+
+    fake = tmp_path / "on-a-project"
+    shutil.copytree(challenge.FOLDER / "stop-strings", fake)
+    toml = fake / "challenge.toml"
+    toml.write_text(toml.read_text().replace("chapter = 15 ", 'chapter = "P1" '))
+    monkeypatch.setattr(challenge, "FOLDER", tmp_path)
+    [found] = challenge.challenges()
+    assert found.chapter == PROJECT_BASE + 1
+    assert challenge.cmd_list() == 0
+    assert f"{'on-a-project':24s} after project P1  {found.title}\n" == capsys.readouterr().out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -859,3 +860,297 @@ def test_a_file_that_reran_some_of_its_tests_keeps_the_others(tmp_path: Path) ->
     assert selector.records["tests/test_x.py::test_b"].chapter == 6
     selector.remember(record(tmp_path / "ch07", ["test_a", "test_d"]), 7)  # collected anew
     assert selector.nodes["tests/test_x.py"] == [f"tests/test_x.py::test_{c}" for c in "ad"]
+
+
+# ------------------------------------------------------------------------------ the projects
+PLAN = "".join(
+    f'[[plan]]\nnumber = "{n}"\ntitle = "{title}"\nsummary = "{title}, in short"\n'
+    for n, title in [("00", "zero"), ("01", "one"), ("02", "two")]
+    + [(f"P{k}", f"project {k}") for k in range(1, 7)]
+)
+PROJECT_BOOK: Dict[str, Optional[str]] = {
+    "chapters/book.toml": 'package = "minisgl"\nsupport = ["tests/support.py"]\n'
+    'parts = [\n    { name = "Start", chapters = ["00", "01", "02"] },\n'
+    '    { name = "Projects", chapters = ["P1", "P2", "P3", "P4", "P5", "P6"] },\n]\n' + PLAN,
+    # project P1 comes after chapter 02: it creates quad.py and adds quadruple() to util.py
+    "chapters/p1/manifest.toml": """
+        chapter = "P1"
+        title = "project 1"
+        page = "docs/p1.md"
+        main = "examples/p1_main.py"
+        tests = ["tests/test_p1_quad.py"]
+        creates = ["minisgl/quad.py"]
+        modifies = ["minisgl/util.py"]
+        [[exercise]]
+        id = "p1-quadruple"
+        file = "minisgl/util.py"
+        function = "quadruple"
+        tests = ["tests/test_p1_quad.py::test_quad"]
+        """,
+    "chapters/ch02/minisgl/util.py": "def triple(x):\n    return 3 * x\n",
+    "minisgl/util.py": "def triple(x):\n    return 3 * x\n\n\n"
+    "def quadruple(x):\n    return 4 * x\n",
+    "minisgl/quad.py": "from minisgl.util import quadruple\n\nQUAD = quadruple(1)\n",
+    "examples/p1_main.py": f"""
+        from minisgl.quad import QUAD
+        print("quad", QUAD)
+        print("{PARITY_OK}")
+        """,
+    "tests/test_p1_quad.py": """
+        from minisgl.quad import QUAD
+        def test_quad():
+            assert QUAD == 4
+        """,
+    "docs/p1.md": f"""
+        # P1 · project 1
+
+        <!-- tree[P1] -->
+
+        <!-- code[P1]: minisgl/util.py::quadruple -->
+
+        ## What it prints
+
+        <!-- prints: examples/p1_main.py -->
+        ```text
+        quad 4
+        {PARITY_OK}
+        ```
+        """,
+}
+
+
+def make_project_book(root: Path, overrides: Dict[str, Optional[str]] | None = None) -> Path:
+    """make_book's three chapters, then project P1 (and the whole plan in book.toml)."""
+    return make_book(root, {**PROJECT_BOOK, **(overrides or {})})
+
+
+def test_a_chapter_is_named_by_its_number_and_a_project_by_its_label() -> None:
+    from tools.book import (
+        PROJECT_BASE,
+        ChapterNameError,
+        chapter_arg,
+        chapter_name,
+        folder_of,
+        label_of,
+        parse_chapter,
+    )
+
+    assert [parse_chapter(s) for s in ("0", "7", "07", "22", " 9 ")] == [0, 7, 7, 22, 9]
+    assert [parse_chapter(s) for s in ("P1", "p1", "P6")] == [
+        PROJECT_BASE + 1,
+        PROJECT_BASE + 1,
+        PROJECT_BASE + 6,
+    ]
+    for bad in ("P0", "P7", "p", str(PROJECT_BASE + 1), "-1", "x", "", "7.0", "ch07", "²"):
+        with pytest.raises(ChapterNameError, match="names no chapter: a chapter is 0 to"):
+            parse_chapter(bad)
+    rows = [(label_of(n), chapter_name(n), chapter_arg(n), folder_of(n)) for n in (0, 7, 23, 28)]
+    assert rows == [
+        ("00", "chapter 00", "0", "ch00"),
+        ("07", "chapter 07", "7", "ch07"),
+        ("P1", "project P1", "P1", "p1"),
+        ("P6", "project P6", "P6", "p6"),
+    ]
+    assert all(parse_chapter(chapter_arg(n)) == n for n in range(PROJECT_BASE + 7))
+
+
+def test_the_plan_has_the_chapters_and_projects_the_tools_count_on() -> None:
+    """PROJECT_BASE is the plan's last numbered chapter: P1 sorts right after it."""
+    from tools.book import PROJECT_BASE, PROJECT_COUNT, tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    plan = tomllib.loads((root / "chapters" / "book.toml").read_text())["plan"]
+    numbers = [item["number"] for item in plan]
+    chapters = [n for n in numbers if n.isdigit()]
+    assert chapters == [f"{n:02d}" for n in range(PROJECT_BASE + 1)]
+    assert numbers[len(chapters) :] == [f"P{k}" for k in range(1, PROJECT_COUNT + 1)]
+
+
+def test_a_project_comes_after_the_chapters_and_builds_like_one(tmp_path: Path, capsys) -> None:
+    from tools.book import PROJECT_BASE
+
+    root = make_project_book(tmp_path / "book")
+    book = Book(root)
+    p1 = PROJECT_BASE + 1
+    assert [m.label for m in book.chapters] == ["00", "01", "02", "P1"]
+    assert book.last.number == p1 and book.last.name == "project P1"
+    assert book.last.slug == "p1" and book.previous(p1).label == "02"
+    assert book.verify() == []
+    assert "minisgl/quad.py" not in book.package_files(2)
+    assert book.package_files(2)["minisgl/util.py"] == root / "chapters/ch02/minisgl/util.py"
+    assert book.tests_at(p1)[-1] == "tests/test_p1_quad.py"
+
+    assert main(["--root", str(root), "build", "P1", "--out", str(tmp_path / "tp")]) == 0
+    assert f"project P1's tree is in {tmp_path / 'tp'}" in capsys.readouterr().out
+    assert main(["--root", str(root), "build", "p1", "--out", str(tmp_path / "tp2")]) == 0
+    files = sorted(p.relative_to(tmp_path / "tp").as_posix() for p in (tmp_path / "tp").rglob("*"))
+    assert "minisgl/quad.py" in files and "examples/p1_main.py" in files
+    assert "tests/test_p1_quad.py" in files and "tests/test_ch01_util.py" not in files  # retired
+    assert "quadruple" in (tmp_path / "tp" / "minisgl" / "util.py").read_text()
+    assert (tmp_path / "tp2" / "minisgl" / "util.py").read_bytes() == (
+        root / "minisgl" / "util.py"
+    ).read_bytes()
+
+    assert main(["--root", str(root), "diff", "2", "P1"]) == 0
+    out = capsys.readouterr().out
+    assert "--- ch02/minisgl/util.py\n+++ p1/minisgl/util.py" in out
+    assert "--- /dev/null\n+++ p1/minisgl/quad.py" in out
+    assert main(["--root", str(root), "list"]) == 0
+    assert "\nP1  project 1\n      creates  minisgl/quad.py\n" in capsys.readouterr().out
+
+
+def test_a_chapter_argument_that_names_nothing_is_refused_clearly(tmp_path: Path, capsys) -> None:
+    root = make_project_book(tmp_path / "book")
+    for argv in (["build", "P9", "--out", str(tmp_path / "t")], ["diff", "2", "x"]):
+        with pytest.raises(SystemExit) as stop:
+            main(["--root", str(root), *argv])
+        assert stop.value.code == 2
+        assert "names no chapter: a chapter is 0 to 22 (7 or 07), a project P1 to P6" in (
+            capsys.readouterr().err
+        )
+    assert main(["--root", str(root), "build", "P2", "--out", str(tmp_path / "t")]) == 2
+    assert "error: no project P2 in this book; it has 00, 01, 02, P1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (  # a project's manifest in a chapter's folder
+            {
+                "chapters/p1/manifest.toml": None,
+                "chapters/ch23/manifest.toml": 'chapter = "P1"\n'
+                'title = "project 1"\nmain = "examples/p1_main.py"\n',
+            },  # fmt: skip
+            "says project P1: its folder must be chapters/p1",
+        ),
+        (  # a chapter numbered past the last chapter of the plan
+            {"chapters/ch23/manifest.toml": 'chapter = 23\ntitle = "x"\nmain = "x.py"\n'},
+            "chapter = 23: '23' names no chapter",
+        ),
+        (  # a project past the plan's six
+            {"chapters/p7/manifest.toml": 'chapter = "P7"\ntitle = "x"\nmain = "x.py"\n'},
+            "chapter = 'P7': 'P7' names no chapter",
+        ),
+    ],
+    ids=["project-in-chapter-folder", "chapter-23", "project-7"],
+)
+def test_a_project_in_the_wrong_place_is_refused(
+    tmp_path: Path, overrides: Dict[str, Optional[str]], message: str
+) -> None:
+    from tools.book import BookError
+
+    root = make_project_book(tmp_path, overrides)
+    with pytest.raises(BookError, match=re.escape(message)):
+        Book(root)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"minisgl/util.py": "def triple(x):\n    return 3 * x\n"},
+            "project P1 says it modifies minisgl/util.py, but its version is identical to "
+            "chapter 02's",
+        ),
+        (
+            {"tests/test_p1_orphan.py": "def test_x():\n    pass\n"},
+            "tests/test_p1_orphan.py is not named by any chapter's manifest",
+        ),
+        (
+            {"chapters/p1/minisgl/util.py": "X = 1\n"},
+            "chapters/p1/minisgl/util.py should not be there: its last version belongs in the "
+            "package folder",
+        ),
+    ],
+    ids=["modifies-unchanged", "orphan-test", "final-in-project-folder"],
+)
+def test_a_project_whose_manifest_lies_is_caught(
+    tmp_path: Path, overrides: Dict[str, Optional[str]], message: str
+) -> None:
+    root = make_project_book(tmp_path, overrides)
+    assert message in "\n".join(Book(root).verify())
+
+
+def test_a_project_test_file_is_named_after_the_project(tmp_path: Path) -> None:
+    manifest = PROJECT_BOOK["chapters/p1/manifest.toml"]
+    assert manifest is not None
+    root = make_project_book(
+        tmp_path,
+        {
+            "chapters/p1/manifest.toml": manifest.replace("test_p1_quad", "test_ch23_quad"),
+            "tests/test_ch23_quad.py": PROJECT_BOOK["tests/test_p1_quad.py"],
+            "tests/test_p1_quad.py": None,
+        },
+    )
+    problems = "\n".join(Book(root).verify())
+    assert "project P1's test file tests/test_ch23_quad.py should be named test_p1_*.py" in problems
+
+
+def test_check_runs_a_project_and_names_it_in_every_message(tmp_path: Path) -> None:
+    """`steps.py check 0 P1`: the project runs in its own tree like a chapter; chapter 00's
+    main, importing the project's module, is told which project creates it."""
+    root = make_project_book(
+        tmp_path, {"examples/ch00_main.py": f"import minisgl.quad\nprint('{PARITY_OK}')\n"}
+    )
+    code, out = check(root, 0, "P1")
+    assert code != 0
+    assert "manifests: 4 chapters, 4 package files in the last tree; consistent" in out
+    assert "chapter 00 imports minisgl.quad, which only project P1 creates" in out
+    assert "(bring the file in early, or move the code to project P1)" in out
+    assert "chapter 00: zero: FAILED" in out and "project P1: project 1: ok" in out, out
+    rows = [line.split() for line in out.splitlines() if line[:3] in ("00 ", "P1 ")]
+    assert [r[0] for r in rows] == ["00", "P1"] and rows[1][1:5] == ["4", "ok", "3", "passed"], out
+
+
+def test_a_test_that_failed_in_a_project_reruns_in_the_next_one(tmp_path: Path) -> None:
+    """Project P2 adds nothing; P1's test failed in P1, so P2 reruns it and says why."""
+    root = make_project_book(
+        tmp_path,
+        {
+            "tests/test_p1_quad.py": "def test_quad():\n    assert False\n",
+            "chapters/p2/manifest.toml": 'chapter = "P2"\ntitle = "project 2"\n'
+            'main = "examples/p2_main.py"\ntests = ["tests/test_p2_none.py"]\n',
+            "examples/p2_main.py": f"print('{PARITY_OK}')\n",
+            "tests/test_p2_none.py": "def test_none():\n    pass\n",
+        },
+    )
+    keep = tmp_path / "kept"
+    code, out = check(root, "P1", "p2", "--jobs", "1", "--keep", str(keep))
+    assert code != 0 and "project P1: project 1: FAILED" in out, out
+    assert (keep / "p2" / "selection.txt").read_text() == (
+        "tests/test_p1_quad.py::test_quad: it failed in project P1\n"
+    )
+
+
+def test_new_opens_a_project_after_the_last_chapter(tmp_path: Path) -> None:
+    from tools.book import PROJECT_BASE
+
+    root = make_project_book(tmp_path)
+    argv = ["--root", str(root), "new", "p2", "spec", "--creates", "minisgl/spec.py"]
+    assert main(argv) == 0
+    book = Book(root)
+    p2 = book.chapter(PROJECT_BASE + 2)
+    assert (p2.label, p2.folder, p2.title) == ("P2", root / "chapters" / "p2", "project 2")
+    assert (root / "chapters/p2/manifest.toml").read_text().startswith('chapter = "P2"\n')
+    assert (p2.main, p2.tests, p2.page) == (
+        "examples/p2_spec.py",
+        ["tests/test_p2_spec.py"],
+        "docs/chapters/p2-spec.md",
+    )
+    page = (root / p2.page).read_text()
+    assert page.startswith("# P2 · project 2\n") and "<!-- tree[P2] -->" in page
+    assert '"""Project P2: project 2.' in (root / p2.main).read_text()
+    assert (
+        root / "minisgl/spec.py"
+    ).read_text() == '"""(project P2: say what this module holds)"""\n'
+    assert main(["--root", str(root), "new", "2", "late"]) == 2  # before the last one
+
+
+def test_exercises_name_a_project_by_its_label(tmp_path: Path) -> None:
+    root = make_project_book(tmp_path)
+    listed = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve().parents[1] / "tools" / "exercise.py"),
+         "--root", str(root), "list"],
+        capture_output=True, text=True, timeout=60,
+    ).stdout  # fmt: skip
+    assert listed == f"{'p1-quadruple':24s} project P1  quadruple in minisgl/util.py\n"

@@ -731,3 +731,15 @@ def test_clear_errors(
     assert (rc, out) == (2, "")
     assert err.splitlines()[-1].startswith("error: ") and message in err, err
     assert "Traceback" not in err
+
+
+def test_chapter_takes_a_project_and_refuses_what_names_nothing(
+    fx: Fixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        cli(capsys, *base_args(fx, "diff"), "--chapter", "P9")
+    assert stop.value.code == 2
+    assert "'P9' names no chapter: a chapter is 0 to 22" in capsys.readouterr().err
+    rc, out, err = cli(capsys, *base_args(fx, "diff"), "--chapter", "p1")
+    assert (rc, out) == (2, "")
+    assert err.startswith("error: --chapter P1: cannot read the chapters in ")

@@ -6,16 +6,24 @@ version of a file at chapter N is the one written by the latest chapter <= N tha
 its last version lives in ``minisgl/``, earlier ones in the folder of the chapter that wrote them.
 ``chapters/book.toml`` holds what every chapter shares (the support files copied into each
 tree, the print tolerances, the whole plan).
+
+After the numbered chapters come the projects P1, P2, ... (``chapters/p1/manifest.toml``, with
+``chapter = "P1"``): the same kind of manifest, the same staged build. Inside the tools a
+project has a number too, ``PROJECT_BASE + k``, so that it sorts after every chapter; a person
+only ever sees its label ("P1"), as they see "07" for chapter 7 (`label_of`, `chapter_name`),
+and every command line takes either (`parse_chapter`).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 from tools.prints import PrintRules
 
@@ -27,8 +35,57 @@ else:  # pragma: no cover
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+# The last numbered chapter of the plan (chapters/book.toml; a test holds the two together).
+# Project Pk is number PROJECT_BASE + k inside the tools, so the projects come after it in order.
+PROJECT_BASE = 22
+PROJECT_COUNT = 6  # P1 to P6
+
+
 class BookError(Exception):
     """A manifest, a tree or a command line that cannot be used."""
+
+
+class ChapterNameError(BookError, argparse.ArgumentTypeError):
+    """Neither a chapter number nor a project (argparse shows its message as it is)."""
+
+
+def is_project(number: int) -> bool:
+    return number > PROJECT_BASE
+
+
+def label_of(number: int) -> str:
+    """What a person sees: "07" for chapter 7, "P1" for the first project."""
+    return f"P{number - PROJECT_BASE}" if is_project(number) else f"{number:02d}"
+
+
+def chapter_name(number: int) -> str:
+    """The phrase in a sentence: "chapter 07", "project P1"."""
+    return f"{'project' if is_project(number) else 'chapter'} {label_of(number)}"
+
+
+def chapter_arg(number: int) -> str:
+    """How a command line names it (what `parse_chapter` reads back): "7", "P1"."""
+    return label_of(number) if is_project(number) else str(number)
+
+
+def folder_of(number: int) -> str:
+    """Its folder under chapters/, and the prefix of its files: "ch07", "p1"."""
+    return label_of(number).lower() if is_project(number) else f"ch{label_of(number)}"
+
+
+def parse_chapter(text: Union[str, int]) -> int:
+    """A chapter as a person writes it ("7", "07", "P1", "p1") -> its number (7, 7, 23, 23);
+    the `type=` of every command line argument that names a chapter."""
+    text = str(text).strip()
+    project = re.fullmatch(r"[Pp]([0-9]+)", text)
+    if project and 1 <= int(project[1]) <= PROJECT_COUNT:
+        return PROJECT_BASE + int(project[1])
+    if re.fullmatch(r"[0-9]+", text) and int(text) <= PROJECT_BASE:
+        return int(text)
+    raise ChapterNameError(
+        f"{text!r} names no chapter: a chapter is 0 to {PROJECT_BASE} (7 or 07), "
+        f"a project P1 to P{PROJECT_COUNT} (or p1)"
+    )
 
 
 @dataclass
@@ -61,7 +118,27 @@ class Manifest:
 
     @property
     def label(self) -> str:
-        return f"{self.number:02d}"
+        return label_of(self.number)
+
+    @property
+    def name(self) -> str:
+        return chapter_name(self.number)
+
+    @property
+    def arg(self) -> str:
+        return chapter_arg(self.number)
+
+    @property
+    def slug(self) -> str:
+        return folder_of(self.number)
+
+    @property
+    def is_project(self) -> bool:
+        return is_project(self.number)
+
+    @property
+    def kind(self) -> str:
+        return "project" if self.is_project else "chapter"
 
     @property
     def writes(self) -> List[str]:
@@ -97,8 +174,15 @@ def load_manifest(path: Path) -> Manifest:
         if key not in data:
             raise BookError(f"{path}: missing key {key!r}")
     exercises = [Exercise(**item) for item in data.get("exercise", [])]
+    chapter = data["chapter"]
+    if not isinstance(chapter, (int, str)) or isinstance(chapter, bool):
+        raise BookError(f'{path}: chapter = {chapter!r}: a number, or a project such as "P1"')
+    try:
+        number = parse_chapter(chapter)
+    except BookError as e:
+        raise BookError(f"{path}: chapter = {chapter!r}: {e}") from e
     return Manifest(
-        number=int(data["chapter"]),
+        number=number,
         folder=path.parent,
         title=data["title"],
         main=data["main"],
@@ -136,7 +220,10 @@ class Book:
         self.package: str = settings.get("package", "minisgl")
         self.support: List[str] = list(settings.get("support", []))
         self.prints = _print_rules(settings_path, settings.get("prints", {}))
-        manifests = sorted((self.root / "chapters").glob("ch*/manifest.toml"))
+        manifests = [
+            *(self.root / "chapters").glob("ch*/manifest.toml"),
+            *(self.root / "chapters").glob("p*/manifest.toml"),
+        ]
         self.chapters: List[Manifest] = sorted(
             (load_manifest(p) for p in manifests), key=lambda m: m.number
         )
@@ -144,10 +231,13 @@ class Book:
             raise BookError("no chapters found under chapters/")
         numbers = [m.number for m in self.chapters]
         if len(set(numbers)) != len(numbers):
-            raise BookError(f"two manifests claim the same chapter number: {numbers}")
+            labels = [m.label for m in self.chapters]
+            raise BookError(f"two manifests claim the same chapter: {labels}")
         for m in self.chapters:
-            if m.folder.name != f"ch{m.label}":
-                raise BookError(f"{m.folder}/manifest.toml says chapter {m.number}")
+            if m.folder.name != m.slug:
+                raise BookError(
+                    f"{m.folder}/manifest.toml says {m.name}: its folder must be chapters/{m.slug}"
+                )
 
     # ----------------------------------------------------------------- lookups
     def print_rules(self, chapter: Manifest) -> PrintRules:
@@ -157,7 +247,8 @@ class Book:
         for m in self.chapters:
             if m.number == number:
                 return m
-        raise BookError(f"no chapter {number}; chapters: {[m.number for m in self.chapters]}")
+        known = ", ".join(m.label for m in self.chapters)
+        raise BookError(f"no {chapter_name(number)} in this book; it has {known}")
 
     @property
     def last(self) -> Manifest:
@@ -255,33 +346,29 @@ class Book:
             ):
                 for path in paths:
                     if path in seen:
-                        problems.append(
-                            f"chapter {m.label} names {path} twice ({seen[path]}, {kind})"
-                        )
+                        problems.append(f"{m.name} names {path} twice ({seen[path]}, {kind})")
                     seen[path] = kind
                     if not path.startswith(self.package + "/"):
-                        problems.append(f"chapter {m.label} {kind} {path}, outside {self.package}/")
+                        problems.append(f"{m.name} {kind} {path}, outside {self.package}/")
                     if kind in ("creates", "early") and path in existing:
                         problems.append(
-                            f"chapter {m.label} says it {kind} {path}, but chapter "
-                            f"{existing[path].label} already wrote it"
+                            f"{m.name} says it {kind} {path}, but "
+                            f"{existing[path].name} already wrote it"
                         )
                     if kind == "modifies" and path not in existing:
                         problems.append(
-                            f"chapter {m.label} says it modifies {path}, which no earlier chapter "
-                            "wrote"
+                            f"{m.name} says it modifies {path}, which no earlier chapter wrote"
                         )
                     stored = self.stored_at(path, m)
                     if not stored.exists():
                         problems.append(
-                            f"chapter {m.label} writes {path}, but {_rel(stored, self.root)} is "
-                            "missing"
+                            f"{m.name} writes {path}, but {_rel(stored, self.root)} is missing"
                         )
                     elif kind == "modifies" and path in version and version[path].exists():
                         if stored.read_bytes() == version[path].read_bytes():
                             problems.append(
-                                f"chapter {m.label} says it modifies {path}, but its version is "
-                                f"identical to chapter {existing[path].label}'s"
+                                f"{m.name} says it modifies {path}, but its version is "
+                                f"identical to {existing[path].name}'s"
                             )
                     existing[path], version[path] = m, stored
             # the chapter folder holds exactly its non-final versions and the manifest
@@ -299,23 +386,21 @@ class Book:
                 )
                 problems.append(f"chapters/{m.folder.name}/{extra} should not be there: {why}")
             if not (self.root / m.main).exists():
-                problems.append(f"chapter {m.label}'s main {m.main} is missing")
+                problems.append(f"{m.name}'s main {m.main} is missing")
             for t in m.tests:
                 if not (self.root / t).exists():
-                    problems.append(f"chapter {m.label}'s test file {t} is missing")
-                elif not Path(t).name.startswith(f"test_ch{m.label}_"):
-                    problems.append(
-                        f"chapter {m.label}'s test file {t} should be named test_ch{m.label}_*.py"
-                    )
+                    problems.append(f"{m.name}'s test file {t} is missing")
+                elif not Path(t).name.startswith(f"test_{m.slug}_"):
+                    problems.append(f"{m.name}'s test file {t} should be named test_{m.slug}_*.py")
             for t, why in m.retire.items():
                 if not why.strip():
-                    problems.append(f"chapter {m.label} retires {t} without a reason")
+                    problems.append(f"{m.name} retires {t} without a reason")
                 if not any(
                     t in earlier.tests for earlier in self.chapters if earlier.number < m.number
                 ):
-                    problems.append(f"chapter {m.label} retires {t}, which no earlier chapter runs")
+                    problems.append(f"{m.name} retires {t}, which no earlier chapter runs")
             if m.page and not (self.root / m.page).exists():
-                problems.append(f"chapter {m.label}'s page {m.page} is missing")
+                problems.append(f"{m.name}'s page {m.page} is missing")
         # the finished package is exactly the last chapter's tree
         final = set(self.package_files(self.last.number))
         package_dir = self.root / self.package
@@ -348,7 +433,8 @@ class Book:
                 problems.append(f"{rel} is not named by any chapter's manifest (helpers)")
         # every chapter test file on disk belongs to a manifest
         claimed = {t for m in self.chapters for t in m.tests}
-        for f in sorted((self.root / "tests").glob("test_ch*.py")):
+        tests = self.root / "tests"
+        for f in sorted([*tests.glob("test_ch*.py"), *tests.glob("test_p[0-9]*.py")]):
             rel = f"tests/{f.name}"
             if rel not in claimed:
                 problems.append(f"{rel} is not named by any chapter's manifest")

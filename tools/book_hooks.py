@@ -3,6 +3,7 @@
 In a page:
 
     <!-- code[NN]: minisgl/core.py::Req -->       the source of Req as chapter NN has it
+                                                   (NN: 7, 07, or a project, P1)
     <!-- code[NN]: minisgl/core.py::Req.extend_len -->   a method
     <!-- code[NN]: minisgl/core.py -->            a whole file at chapter NN
     <!-- code: examples/ch00_step0.py::rms_norm -->  a file outside the package
@@ -30,12 +31,20 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.book import Book, BookError, Manifest, tomllib  # noqa: E402
+from tools.book import (  # noqa: E402
+    Book,
+    BookError,
+    Manifest,
+    chapter_name,
+    parse_chapter,
+    tomllib,
+)
 
 CODE_RE = re.compile(
-    r"^<!-- code(?:\[(?P<chapter>\d+)\])?: (?P<path>[^\s:]+)(?:::(?P<symbol>[\w.]+))? -->$", re.M
+    r"^<!-- code(?:\[(?P<chapter>\d+|[Pp]\d+)\])?: (?P<path>[^\s:]+)(?:::(?P<symbol>[\w.]+))? -->$",
+    re.M,
 )
-TREE_RE = re.compile(r"^<!-- tree\[(?P<chapter>\d+)\] -->$", re.M)
+TREE_RE = re.compile(r"^<!-- tree\[(?P<chapter>\d+|[Pp]\d+)\] -->$", re.M)
 ROADMAP_RE = re.compile(r"^<!-- roadmap -->$", re.M)
 READING_RE = re.compile(r"^<!-- reading-times -->$", re.M)
 WORDS_PER_MINUTE = 150  # a pace for technical text
@@ -64,7 +73,7 @@ def _source_path(book: Book, chapter: Optional[int], path: str) -> Path:
     if chapter is not None and path.startswith(book.package + "/"):
         files = book.package_files(chapter)
         if path not in files:
-            raise BookError(f"{path} does not exist at chapter {chapter:02d}")
+            raise BookError(f"{path} does not exist at {chapter_name(chapter)}")
         return files[path]
     full = book.root / path
     if not full.exists():
@@ -101,20 +110,20 @@ def render_code(book: Book, chapter: Optional[int], path: str, symbol: Optional[
     else:
         first, last = 1, len(lines)
     body = "\n".join(lines[first - 1 : last])
-    where = f"{path}" + (f" (chapter {chapter:02d})" if chapter is not None else "")
+    where = f"{path}" + (f" ({chapter_name(chapter)})" if chapter is not None else "")
     change = _change_since_previous(book, chapter, path, symbol, body)
     options = f'linenums="{first}"'
     if change is not None and change.changed:
         options += f' hl_lines="{change.changed}"'
-        where += f", highlighted: changed since chapter {change.since:02d}"
+        where += f", highlighted: changed since {chapter_name(change.since)}"
     elif change is not None and change.diff is None:
-        where += f", new since chapter {change.since:02d}"
+        where += f", new since {chapter_name(change.since)}"
     language = "python" if path.endswith(".py") else "cpp"  # the kernels' .cu, .cuh, .h, .cpp
     block = f'```{language} title="{where}" {options}\n{body}\n```'
     if change is not None and change.diff:
         inner = "\n".join(f"    {line}".rstrip() for line in change.diff.split("\n"))
         block += (
-            f'\n\n??? note "What changed since chapter {change.since:02d} (a diff of the two '
+            f'\n\n??? note "What changed since {chapter_name(change.since)} (a diff of the two '
             f'versions)"\n\n    ```diff\n{inner}\n    ```'
         )
     posed = _exercises_in(book, chapter, path, symbol)
@@ -163,9 +172,7 @@ def _change_since_previous(
         if tag in ("replace", "insert"):
             spans.append(f"{j1 + 1}" if j2 - j1 == 1 else f"{j1 + 1}-{j2}")
     diff = "\n".join(
-        difflib.unified_diff(
-            old, new, f"chapter {before.label}", f"chapter {chapter:02d}", lineterm="", n=2
-        )
+        difflib.unified_diff(old, new, before.name, chapter_name(chapter), lineterm="", n=2)
     )
     return Change(before.number, " ".join(spans), diff)
 
@@ -209,7 +216,7 @@ def render_tree(book: Book, chapter: int) -> str:
     text = "\n".join(
         f"    {name:{width}}{('<- ' + mark) if mark else ''}".rstrip() for name, mark in rows
     )
-    summary = f"The whole package after this chapter: {len(files)} files"
+    summary = f"The whole package after this {me.kind}: {len(files)} files"
     summary += f" ({len(marks)} of them created or changed here, marked <-)" if marks else ""
     # folded: the page's list under it, a line per file and why, is what a reader needs first
     return f'??? abstract "{summary}"\n    ```text\n{text}\n    ```'
@@ -358,7 +365,7 @@ def render_challenges(book: Book, depth: int) -> str:
     parts = []
     for c in challenges():
         page = pages.get(c.chapter)
-        after = f"chapter {c.chapter:02d}"
+        after = chapter_name(c.chapter)
         if page:
             after = f"[{after}]({'../' * depth}{page.removeprefix('docs/')})"
         parts += [
@@ -404,13 +411,23 @@ def render_animation(name: str) -> str:
     )
 
 
+NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
 def chapter_frame(book: Book, chapter: Manifest, markdown: str) -> str:
-    """A chapter page gets, under its title, where it stands in the book, and at its end the
-    commands that build and run its own tree (its package as the chapter leaves it)."""
+    """A chapter's (or a project's) page gets, under its title, where it stands in the book,
+    and at its end the commands that build and run its own tree (its package as it leaves it)."""
     settings = tomllib.loads((book.root / "chapters" / "book.toml").read_text())
-    chapters = [item for item in settings.get("plan", []) if str(item["number"]).isdigit()]
-    cue = (f"*Chapter {chapter.label} of the {len(chapters)} chapters "
-           f"([the roadmap](../roadmap.md)).*")  # fmt: skip
+    plan = settings.get("plan", [])
+    chapters = [item for item in plan if str(item["number"]).isdigit()]
+    if chapter.is_project:
+        count = len(plan) - len(chapters)
+        projects = NUMBER_WORDS[count] if count < len(NUMBER_WORDS) else str(count)
+        cue = (f"*Project {chapter.label} of the book's {projects} projects, after the "
+               f"{len(chapters)} chapters ([the roadmap](../roadmap.md)).*")  # fmt: skip
+    else:
+        cue = (f"*Chapter {chapter.label} of the {len(chapters)} chapters "
+               f"([the roadmap](../roadmap.md)).*")  # fmt: skip
     lines = markdown.split("\n")
     title = next((i for i, line in enumerate(lines) if line.startswith("# ")), None)
     if title is not None:
@@ -418,14 +435,14 @@ def chapter_frame(book: Book, chapter: Manifest, markdown: str) -> str:
     prints = next((i for i, line in enumerate(lines) if line == "## What it prints"), None)
     if prints is not None:
         where = (
-            f"*The commands below run in chapter {chapter.label}'s own tree, built as [Run this "
-            f"chapter](#run-this-chapter) shows. Run from the repository's root, the same main "
-            f"imports the finished package instead.*"
+            f"*The commands below run in {chapter.name}'s own tree, built as [Run this "
+            f"{chapter.kind}](#run-this-{chapter.kind}) shows. Run from the repository's root, "
+            f"the same main imports the finished package instead.*"
         )
         lines[prints + 1 : prints + 1] = ["", where]
-    n, tree = chapter.number, f"/tmp/ch{chapter.label}"
+    n, tree = chapter.arg, f"/tmp/{chapter.slug}"
     shown = [
-        "# build, run and test this chapter alone",
+        f"# build, run and test this {chapter.kind} alone",
         f"python tools/steps.py check {n}",
         "# or by hand: its tree, its main on its own package, its tests (check runs older ones)",
         f"python tools/steps.py build {n} --out {tree}",
@@ -435,7 +452,7 @@ def chapter_frame(book: Book, chapter: Manifest, markdown: str) -> str:
     ]
     footer = [
         "",
-        "## Run this chapter",
+        f"## Run this {chapter.kind}",
         "",
         "From a clone of the book's repository, set up as [Get the code](../get-the-code.md) says:",
         "",
@@ -456,11 +473,11 @@ def expand(markdown: str, page_path: str, book: Optional[Book] = None) -> str:
     try:
         markdown = CODE_RE.sub(
             lambda m: render_code(
-                book, int(m["chapter"]) if m["chapter"] else None, m["path"], m["symbol"]
+                book, parse_chapter(m["chapter"]) if m["chapter"] else None, m["path"], m["symbol"]
             ),
             markdown,
         )
-        markdown = TREE_RE.sub(lambda m: render_tree(book, int(m["chapter"])), markdown)
+        markdown = TREE_RE.sub(lambda m: render_tree(book, parse_chapter(m["chapter"])), markdown)
         roadmap = render_roadmap(book)
         if depth:  # links in the table are relative to docs/
             roadmap = re.sub(r"\]\(([^)]+)\)", lambda m: f"]({'../' * depth}{m[1]})", roadmap)

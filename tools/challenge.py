@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tools.book import tomllib  # noqa: E402
+from tools.book import chapter_name, parse_chapter, tomllib  # noqa: E402
 from tools.supervise import PYTEST_ONE_PROCESS  # noqa: E402
 
 FOLDER = REPO_ROOT / "challenges"
@@ -64,7 +64,7 @@ def challenges() -> List[Challenge]:
             Challenge(
                 id=toml.parent.name,
                 title=data["title"],
-                chapter=int(data["chapter"]),
+                chapter=parse_chapter(data["chapter"]),  # 7, or "P1" for a project
                 file=data["file"],
                 checker=toml.parent / data["checker"],
                 summary=data["summary"],
@@ -105,7 +105,7 @@ def run_checker(challenge: Challenge, candidate: Path, quiet: bool = False) -> i
 
 def cmd_list() -> int:
     for c in challenges():
-        print(f"{c.id:24s} after chapter {c.chapter:02d}  {c.title}")
+        print(f"{c.id:24s} after {chapter_name(c.chapter)}  {c.title}")
     return 0
 
 

@@ -26,7 +26,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script: `python tools/exercise.py
     sys.path.insert(0, str(REPO_ROOT))
 
 from tools import supervise  # noqa: E402
-from tools.book import Book, BookError, Exercise, Manifest  # noqa: E402
+from tools.book import Book, BookError, Exercise, Manifest, folder_of  # noqa: E402
 from tools.isolation import isolated_env  # noqa: E402
 from tools.preload import Preloader  # noqa: E402
 
@@ -180,7 +180,7 @@ def _verify_chapter(
     book: Book, number: int, exercises: List[Exercise], threads: Optional[int]
 ) -> List[Verdict]:
     verdicts: List[Verdict] = []
-    work = Path(tempfile.mkdtemp(prefix=f"minisgl-exercise-ch{number:02d}-"))
+    work = Path(tempfile.mkdtemp(prefix=f"minisgl-exercise-{folder_of(number)}-"))
     try:
         solution = book.build(number, work / "solution")
         wanted = sorted({t for ex in exercises for t in ex.tests})
@@ -228,14 +228,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == "list":
             for c in book.chapters:
                 for ex in c.exercises:
-                    print(f"{ex.id:24s} chapter {c.label}  {ex.function} in {ex.file}")
+                    print(f"{ex.id:24s} {c.name}  {ex.function} in {ex.file}")
             return 0
         if args.command == "verify":
             verdicts = verify(book, args.ids or None, args.jobs)
             for v in verdicts:
                 state = "real" if v.real else "NOT REAL"
                 print(
-                    f"{v.exercise.id:24s} ch{v.chapter:02d}  blanked: "
+                    f"{v.exercise.id:24s} {folder_of(v.chapter)}  blanked: "
                     f"{'fails' if v.blank_fails else 'PASSES'}  book's body: "
                     f"{'passes' if v.solution_passes else 'FAILS'}  -> {state}"
                 )
@@ -247,7 +247,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         workspace = args.dir or book.root / "exercises" / ex.id
         if args.command == "start":
             target = start_workspace(book, ex.id, workspace)
-            print(f"Exercise {ex.id} (chapter {chapter.label}: {chapter.title})")
+            print(f"Exercise {ex.id} ({chapter.name}: {chapter.title})")
             print(f"  write the body of {ex.function} in {target}")
             if ex.hint:
                 print(f"  hint: {ex.hint}")

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Dict, Optional
 
+from tools.book import chapter_arg
+
 GUARD_DIR = Path(__file__).resolve().parent / "guard"
 
 
@@ -27,7 +29,7 @@ def isolated_env(
         PYTHONUNBUFFERED="1",
         MINISGL_BOOK_TREE=str(tree),
         MINISGL_BOOK_PACKAGE=package,
-        MINISGL_BOOK_CHAPTER=str(number),
+        MINISGL_BOOK_CHAPTER=chapter_arg(number),  # 7, or P1 for a project
     )
     if threads is not None:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from tools.book import Book, Manifest
+from tools.book import Book, Manifest, chapter_name
 from tools.changes import ModuleSummary, TreeChange, names_in, summarise, tree_change
 from tools.deps import ImportGraph
 
@@ -239,7 +239,7 @@ class Selector:
             for nodeid in nodes:
                 record = self.records[nodeid]
                 if record.outcome != "passed":
-                    rerun[nodeid] = [f"it {record.outcome} in chapter {record.chapter:02d}"]
+                    rerun[nodeid] = [f"it {record.outcome} in {chapter_name(record.chapter)}"]
                     continue
                 change = self.change(record.chapter, chapter.number)
                 why = change.reasons(

@@ -1,5 +1,7 @@
 """The staged build: every chapter's tree, built and checked on its own.
 
+N names a chapter (7 or 07) or a project (P1 or p1), everywhere below.
+
     python tools/steps.py list                 the chapters and what each one writes
     python tools/steps.py build N --out DIR    chapter N's tree (package, mains, tests) in DIR
     python tools/steps.py check [N ...]        build, run and test chapters in isolation
@@ -36,7 +38,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script: `python tools/steps.py`
     sys.path.insert(0, str(REPO_ROOT))
 
 from tools import supervise  # noqa: E402
-from tools.book import Book, BookError, Manifest  # noqa: E402
+from tools.book import Book, BookError, Manifest, chapter_name, folder_of, parse_chapter  # noqa: E402
 from tools.isolation import isolated_env  # noqa: E402
 from tools.new_chapter import open_chapter  # noqa: E402
 from tools.preload import Preloader  # noqa: E402
@@ -130,7 +132,7 @@ def stale_prints(book: Book, chapter: Manifest, stdout: str) -> List[str]:
         if differences:
             problems.append(
                 f"the 'what it prints' block in {chapter.page} is stale "
-                f"(refresh it with: python tools/steps.py prints {chapter.number} --write):\n"
+                f"(refresh it with: python tools/steps.py prints {chapter.arg} --write):\n"
                 + "\n".join(differences)
             )
     return problems
@@ -148,19 +150,19 @@ def explain_import_failure(book: Book, number: int, stderr: str) -> List[str]:
             owner = book.creator_of(candidate)
             if owner is not None and owner.number > number:
                 notes.append(
-                    f"chapter {number:02d} imports {module}, which only chapter {owner.label} "
+                    f"{chapter_name(number)} imports {module}, which only {owner.name} "
                     "creates: "
                     f"a chapter may use only the files of its own tree (bring the file in early, "
-                    f"or move the code to chapter {owner.label})"
+                    f"or move the code to {owner.name})"
                 )
                 break
         else:
-            notes.append(f"chapter {number:02d} imports {module}, which no chapter up to it has")
+            notes.append(f"{chapter_name(number)} imports {module}, which no chapter up to it has")
     for m in MISSING_NAME_RE.finditer(stderr):
         if m["module"].split(".")[0] == book.package:
             notes.append(
-                f"chapter {number:02d} imports {m['name']} from {m['module']}, which that "
-                f"module's version at chapter {number:02d} does not define"
+                f"{chapter_name(number)} imports {m['name']} from {m['module']}, which that "
+                f"module's version at {chapter_name(number)} does not define"
             )
     return notes
 
@@ -185,13 +187,13 @@ def _tail(text: str, lines: int) -> str:
 
 
 def _start_tree(book: Book, chapter: Manifest, what: str) -> Tuple[Path, Path]:
-    work = Path(tempfile.mkdtemp(prefix=f"minisgl-ch{chapter.label}-{what}-"))
+    work = Path(tempfile.mkdtemp(prefix=f"minisgl-{chapter.slug}-{what}-"))
     return work, book.build(chapter.number, work / "tree")
 
 
 def _finish_tree(work: Path, keep: Optional[Path], chapter: Manifest) -> None:
     if keep is not None:
-        shutil.copytree(work, keep / f"ch{chapter.label}", dirs_exist_ok=True)
+        shutil.copytree(work, keep / chapter.slug, dirs_exist_ok=True)
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -521,7 +523,7 @@ def _check(
     def report(row: Row) -> None:
         state = "ok" if row.ok else "FAILED"
         print(
-            f"chapter {row.chapter.label}: {row.chapter.title}: {state} ({row.seconds:.0f} s)",
+            f"{row.chapter.name}: {row.chapter.title}: {state} ({row.seconds:.0f} s)",
             flush=True,
         )
         for p in row.problems:
@@ -553,7 +555,7 @@ def _check(
     plan = _Plan(book, chosen, mains=True, tests=not mains_only)
     if jobs == 1:
         for n in chosen:
-            print(f"chapter {n:02d}: {book.chapter(n).title} ...", flush=True)
+            print(f"{chapter_name(n)}: {book.chapter(n).title} ...", flush=True)
             work("main", n, [])
             finished("main", n, False)
             if not mains_only:
@@ -562,7 +564,7 @@ def _check(
     else:
         if len(chosen) == 1:
             print(
-                f"chapter {chosen[0]:02d}: {book.chapter(chosen[0]).title}: its main and its "
+                f"{chapter_name(chosen[0])}: {book.chapter(chosen[0]).title}: its main and its "
                 "tests side by side, one thread each ...",
                 flush=True,
             )
@@ -623,14 +625,15 @@ def cmd_list(book: Book) -> int:
 
 
 def cmd_diff(book: Book, a: int, b: int) -> int:
+    book.chapter(a), book.chapter(b)  # an unknown chapter fails here, not as an empty diff
     old, new = book.package_files(a), book.package_files(b)
     for path in sorted(set(old) | set(new)):
         before = old[path].read_text().splitlines() if path in old else []
         after = new[path].read_text().splitlines() if path in new else []
         if before == after:
             continue
-        label_a = f"ch{a:02d}/{path}" if path in old else "/dev/null"
-        label_b = f"ch{b:02d}/{path}" if path in new else "/dev/null"
+        label_a = f"{folder_of(a)}/{path}" if path in old else "/dev/null"
+        label_b = f"{folder_of(b)}/{path}" if path in new else "/dev/null"
         sys.stdout.writelines(
             line + "\n"
             for line in difflib.unified_diff(before, after, label_a, label_b, lineterm="")
@@ -641,7 +644,7 @@ def cmd_diff(book: Book, a: int, b: int) -> int:
 def cmd_prints(book: Book, number: int, write: bool) -> int:
     chapter = book.chapter(number)
     if not chapter.page:
-        raise BookError(f"chapter {chapter.label} has no page")
+        raise BookError(f"{chapter.name} has no page")
     row = run_chapter(book, number, run_tests=False, check_prints=False)
     if not row.main_ok:
         print("\n".join(row.problems))
@@ -670,10 +673,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the chapters and the files each one writes")
     p_build = sub.add_parser("build", help="materialise chapter N's tree")
-    p_build.add_argument("number", type=int)
+    p_build.add_argument("number", type=parse_chapter)
     p_build.add_argument("--out", type=Path, required=True)
     p_check = sub.add_parser("check", help="build, run and test chapters in isolation")
-    p_check.add_argument("numbers", type=int, nargs="*")
+    p_check.add_argument("numbers", type=parse_chapter, nargs="*")
     p_check.add_argument("--keep", type=Path, help="keep each chapter's tree and logs here")
     p_check.add_argument("-v", "--verbose", action="store_true", help="show each main's output")
     p_check.add_argument("--mains-only", action="store_true", help="run the mains, not the tests")
@@ -702,15 +705,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="do not compare the mains' output with the pages (other devices print other things)",
     )
     p_diff = sub.add_parser("diff", help="how the package changed between two chapters")
-    p_diff.add_argument("a", type=int)
-    p_diff.add_argument("b", type=int)
+    p_diff.add_argument("a", type=parse_chapter)
+    p_diff.add_argument("b", type=parse_chapter)
     p_new = sub.add_parser("new", help="open chapter N: manifest, skeletons, kept versions")
-    p_new.add_argument("number", type=int)
-    p_new.add_argument("slug", help="a word for the file names: examples/chNN_SLUG.py, ...")
+    p_new.add_argument("number", type=parse_chapter)
+    p_new.add_argument(
+        "slug", help="a word for the file names: examples/chNN_SLUG.py (pK_SLUG.py), ..."
+    )
     p_new.add_argument("--modifies", nargs="*", default=[], help="package files it will change")
     p_new.add_argument("--creates", nargs="*", default=[], help="package files it will add")
     p_prints = sub.add_parser("prints", help="compare or refresh a chapter's 'what it prints'")
-    p_prints.add_argument("number", type=int)
+    p_prints.add_argument("number", type=parse_chapter)
     p_prints.add_argument("--write", action="store_true")
     args = parser.parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _interrupted)
@@ -720,7 +725,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_list(book)
         if args.command == "build":
             out = book.build(args.number, args.out)
-            print(f"chapter {args.number:02d}'s tree is in {out}")
+            print(f"{chapter_name(args.number)}'s tree is in {out}")
             return 0
         if args.command == "check":
             return cmd_check(

@@ -22,7 +22,8 @@ import sys
 
 _TREE = os.path.realpath(os.environ["MINISGL_BOOK_TREE"])
 _PKG = os.environ.get("MINISGL_BOOK_PACKAGE", "minisgl")
-_CHAPTER = os.environ.get("MINISGL_BOOK_CHAPTER", "?")
+_CHAPTER = os.environ.get("MINISGL_BOOK_CHAPTER", "?")  # 7, or P1 for a project
+_NAME = f"{'project' if _CHAPTER.startswith('P') else 'chapter'} {_CHAPTER}"
 
 # an editable install of the repository must not serve the package
 sys.meta_path[:] = [f for f in sys.meta_path if _PKG not in type(f).__module__]
@@ -43,7 +44,7 @@ class _TreeOnly:
         spec = importlib.machinery.PathFinder.find_spec(name, [_TREE])
         if spec is None:
             raise ModuleNotFoundError(
-                f"No module named '{name}' (chapter {_CHAPTER}'s tree has no {name}/)", name=name
+                f"No module named '{name}' ({_NAME}'s tree has no {name}/)", name=name
             )
         return spec
 

@@ -16,6 +16,13 @@ from tools.upstream.git import PINNED_COMMIT, UPSTREAM_URL, UpstreamError
 from tools.upstream.sides import REPO_ROOT, UPSTREAM_PACKAGE, open_upstream, our_tree
 
 
+def _chapter(text: str) -> int:
+    """--chapter's value: 7, 07, or a project such as P1 (tools/book.py reads it)."""
+    from tools.book import parse_chapter
+
+    return parse_chapter(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -32,9 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--chapter",
-        type=int,
+        type=_chapter,
         metavar="N",
-        help="compare chapter N's package (from tools/steps.py), not minisgl/",
+        help="compare chapter N's (or project Pk's) package (from tools/steps.py), not minisgl/",
     )
     common.add_argument(
         "--repo-root",

@@ -125,7 +125,7 @@ def ours_from_chapter(repo_root: Path, number: int) -> OurTree:
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
     try:
-        from tools.book import Book
+        from tools.book import Book, chapter_arg, chapter_name
     except Exception as e:  # any failure while importing it: report, do not crash
         raise UpstreamError(f"--chapter needs tools/book.py, which cannot be imported: {e}") from e
     try:
@@ -135,13 +135,14 @@ def ours_from_chapter(repo_root: Path, number: int) -> OurTree:
         package = getattr(book, "package", OUR_PACKAGE)
     except Exception as e:  # BookError and friends: no chapters yet, a bad manifest, ...
         raise UpstreamError(
-            f"--chapter {number}: cannot read the chapters in {repo_root}: {e}"
+            f"--chapter {chapter_arg(number)}: cannot read the chapters in {repo_root}: {e}"
         ) from e
     prefix = package + "/"
     files = {k[len(prefix) :]: Path(v) for k, v in sorted(stored.items()) if k.startswith(prefix)}
     if not files:
-        print(f"note: chapter {number:02d} has no package files yet", file=sys.stderr)
-    return OurTree(files=files, label=f"chapter {number:02d}", tag=f"chapter {number:02d}")
+        print(f"note: {chapter_name(number)} has no package files yet", file=sys.stderr)
+    name = chapter_name(number)
+    return OurTree(files=files, label=name, tag=name)
 
 
 def our_tree(repo_root: Path, chapter: int | None) -> OurTree:
