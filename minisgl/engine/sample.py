@@ -7,11 +7,14 @@ probabilities add up to `top_p` (the nucleus), renormalised. One batch may mix a
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, List
 
 import torch
 
+from minisgl.env import ENV
 from minisgl.utils import nvtx_annotate
 from minisgl.utils.device import host_tensor, to_device
 
@@ -27,6 +30,7 @@ class BatchSamplingArgs:
     temperatures: torch.Tensor | None  # [bs]; None when every request is greedy
     top_k: torch.Tensor | None = None  # [bs] int; None when no request filters by top-k
     top_p: torch.Tensor | None = None  # [bs] float; None when no request filters by top-p
+    any_greedy: bool = False  # some rows are greedy (their argmax replaces the draw)
 
 
 def make_device_tensor(data: List, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -57,6 +61,44 @@ def sample_impl(
     return torch.multinomial(probs, num_samples=1, generator=generator).view(-1)
 
 
+@functools.cache
+def _flashinfer_sampling() -> ModuleType | None:
+    try:
+        import flashinfer.sampling as sampling
+    except ImportError:
+        return None
+    return sampling if hasattr(sampling, "sampling_from_probs") else None
+
+
+def sampling_kernels(logits: torch.Tensor) -> ModuleType | None:
+    """FlashInfer's sampling module where it applies: logits on a GPU, FlashInfer installed,
+    MINISGL_DISABLE_CUSTOM_KERNELS not set. Elsewhere the PyTorch code above samples."""
+    if not logits.is_cuda or ENV.DISABLE_CUSTOM_KERNELS:
+        return None
+    return _flashinfer_sampling()
+
+
+def sample_flashinfer(
+    sampling: ModuleType,
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+) -> torch.Tensor:
+    """The same draw with FlashInfer's kernels, as upstream samples: a softmax that divides by
+    the temperature in the same pass, then one kernel that draws from the probabilities (with
+    the top-k / top-p filters applied inside it). The PyTorch code above makes several passes
+    over the [bs, vocab] array, each a kernel launched from the host."""
+    probs = sampling.softmax(logits, temperatures)
+    if top_k is None and top_p is None:
+        return sampling.sampling_from_probs(probs)
+    if top_p is None:
+        return sampling.top_k_sampling_from_probs(probs, top_k)
+    if top_k is None:
+        return sampling.top_p_sampling_from_probs(probs, top_p)
+    return sampling.top_k_top_p_sampling_from_probs(probs, top_k, top_p)
+
+
 @dataclass
 class Sampler:
     device: torch.device
@@ -72,18 +114,28 @@ class Sampler:
         ]
         top_ks = [p.top_k if p.top_k >= 1 else self.vocab_size for p in params]
         top_ps = [min(max(p.top_p, MIN_TOP_P), 1.0) for p in params]
-        args = BatchSamplingArgs(make_device_tensor(temperatures, torch.float32, self.device))
+        args = BatchSamplingArgs(
+            make_device_tensor(temperatures, torch.float32, self.device),
+            any_greedy=any(p.is_greedy for p in params),
+        )
         if any(k < self.vocab_size for k in top_ks):
-            args.top_k = make_device_tensor(top_ks, torch.int64, self.device)
+            args.top_k = make_device_tensor(top_ks, torch.int32, self.device)
         if any(p < 1.0 for p in top_ps):
             args.top_p = make_device_tensor(top_ps, torch.float32, self.device)
         return args
 
     @nvtx_annotate("Sampler")
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        greedy = torch.argmax(logits, dim=-1)
         if args.temperatures is None:
-            return greedy
-        sampled = sample_impl(logits.float(), args.temperatures, args.top_k, args.top_p)
+            return torch.argmax(logits, dim=-1)
+        logits = logits.float()
+        sampling = sampling_kernels(logits)
+        if sampling is not None:
+            sampled = sample_flashinfer(sampling, logits, args.temperatures, args.top_k, args.top_p)
+        else:
+            sampled = sample_impl(logits, args.temperatures, args.top_k, args.top_p)
+        if not args.any_greedy:
+            return sampled
         # greedy rows of a mixed batch: the argmax itself, not a draw at a tiny temperature
+        greedy = torch.argmax(logits, dim=-1)
         return torch.where(args.temperatures <= MIN_TEMPERATURE, greedy, sampled)

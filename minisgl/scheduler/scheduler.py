@@ -164,6 +164,7 @@ class Scheduler(SchedulerIOMixin, SchedulerGuardMixin):
         batch, (_, next_tokens_cpu, copy_done) = last_data[0].batch, last_data[1]
         copy_done.synchronize()  # the sampled tokens are on the host
         reply: List[DetokenizeMsg] = []
+        tokens: List[int] = next_tokens_cpu.tolist()  # one call, not one .item() per request
         with self.cache_manager.lazy_free_region():
             for i, req in enumerate(batch.reqs):
                 if req in self.finished_reqs:
@@ -174,9 +175,8 @@ class Scheduler(SchedulerIOMixin, SchedulerGuardMixin):
                     continue
                 if isinstance(req, ChunkedReq):  # its prompt is not done: nothing sampled
                     continue
-                next_token = next_tokens_cpu[i]
-                req.append_host(next_token.unsqueeze(0))
-                token = int(next_token.item())
+                token = tokens[i]
+                req.append_host(next_tokens_cpu[i : i + 1])
                 # counted on the host, where the token just arrived: the device-side lengths
                 # may already include the next batch (fix 1)
                 finished = len(req.input_ids) >= req.max_device_len
@@ -293,18 +293,22 @@ class Scheduler(SchedulerIOMixin, SchedulerGuardMixin):
 
 
 def _make_positions(batch: Batch, device: torch.device) -> torch.Tensor:
-    """Positions of the batch's new tokens: cached_len .. device_len-1 of every request."""
-    positions = [
-        torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in batch.padded_reqs
-    ]
-    return dev.to_device(_pinned(torch.cat(positions), device), device)
+    """Positions of the batch's new tokens: cached_len .. device_len-1 of every request. Built
+    as one Python list and copied once: a small tensor per request costs the host more than
+    the numbers themselves (a decode batch of 256 is 256 integers)."""
+    positions: List[int] = []
+    for r in batch.padded_reqs:
+        positions.extend(range(r.cached_len, r.device_len))
+    return dev.to_device(dev.host_tensor(positions, torch.int32, device), device)
 
 
 def _make_input_tuple(batch: Batch, device: torch.device) -> Indice2D:
     """(slot, position) of every new token: token_pool[...] gives the input ids and
     page_table[...] the KV slots to write."""
-    slots = [torch.full((r.extend_len,), r.table_idx, dtype=torch.int64) for r in batch.padded_reqs]
-    slot_index = dev.to_device(_pinned(torch.cat(slots), device), device)
+    slots: List[int] = []
+    for r in batch.padded_reqs:
+        slots.extend([r.table_idx] * r.extend_len)
+    slot_index = dev.to_device(dev.host_tensor(slots, torch.int64, device), device)
     return slot_index, batch.positions.to(torch.int64)
 
 
@@ -315,7 +319,3 @@ def _make_write_tuple(batch: Batch, device: torch.device) -> Indice2D:
         [r.device_len if r.can_decode else -1 for r in batch.reqs], torch.int64, device
     )
     return dev.to_device(slots, device), dev.to_device(positions, device)
-
-
-def _pinned(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return tensor.pin_memory() if dev.pin_memory(device) else tensor

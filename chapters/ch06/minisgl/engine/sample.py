@@ -1,0 +1,89 @@
+"""Choosing the next token of every request in a batch, each with its own parameters.
+
+Greedy requests take the largest logit. The others sample from softmax(logits / temperature),
+restricted first to the `top_k` most likely tokens, then to the smallest set of those whose
+probabilities add up to `top_p` (the nucleus), renormalised. One batch may mix all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List
+
+import torch
+
+from minisgl.utils import nvtx_annotate
+from minisgl.utils.device import host_tensor, to_device
+
+if TYPE_CHECKING:
+    from minisgl.core import Batch
+
+MIN_TEMPERATURE = 1e-6  # a greedy request's row in a batch that also samples
+MIN_TOP_P = 1e-6
+
+
+@dataclass
+class BatchSamplingArgs:
+    temperatures: torch.Tensor | None  # [bs]; None when every request is greedy
+    top_k: torch.Tensor | None = None  # [bs] int; None when no request filters by top-k
+    top_p: torch.Tensor | None = None  # [bs] float; None when no request filters by top-p
+
+
+def make_device_tensor(data: List, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return to_device(host_tensor(data, dtype, device), device)
+
+
+def sample_impl(
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One token per row of logits [bs, vocab]."""
+    probs = torch.softmax(logits / temperatures[:, None], dim=-1)
+    if top_k is not None or top_p is not None:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+        keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+        if top_k is not None:
+            keep &= rank < top_k[:, None]
+            sorted_probs = sorted_probs * keep
+            sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
+        if top_p is not None:
+            before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the more likely tokens
+            keep &= before < top_p[:, None]  # the most likely token is always kept
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs * keep)
+    return torch.multinomial(probs, num_samples=1, generator=generator).view(-1)
+
+
+@dataclass
+class Sampler:
+    device: torch.device
+    vocab_size: int
+
+    def prepare(self, batch: Batch) -> BatchSamplingArgs:
+        """Gather the batch's sampling parameters into tensors (on the device), once."""
+        params = [r.sampling_params for r in batch.reqs]
+        if all(p.is_greedy for p in params):
+            return BatchSamplingArgs(temperatures=None)
+        temperatures = [
+            MIN_TEMPERATURE if p.is_greedy else max(p.temperature, MIN_TEMPERATURE) for p in params
+        ]
+        top_ks = [p.top_k if p.top_k >= 1 else self.vocab_size for p in params]
+        top_ps = [min(max(p.top_p, MIN_TOP_P), 1.0) for p in params]
+        args = BatchSamplingArgs(make_device_tensor(temperatures, torch.float32, self.device))
+        if any(k < self.vocab_size for k in top_ks):
+            args.top_k = make_device_tensor(top_ks, torch.int64, self.device)
+        if any(p < 1.0 for p in top_ps):
+            args.top_p = make_device_tensor(top_ps, torch.float32, self.device)
+        return args
+
+    @nvtx_annotate("Sampler")
+    def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        greedy = torch.argmax(logits, dim=-1)
+        if args.temperatures is None:
+            return greedy
+        sampled = sample_impl(logits.float(), args.temperatures, args.top_k, args.top_p)
+        # greedy rows of a mixed batch: the argmax itself, not a draw at a tiny temperature
+        return torch.where(args.temperatures <= MIN_TEMPERATURE, greedy, sampled)
