@@ -29,7 +29,7 @@ from minisgl.llm import LLM  # noqa: E402
 from minisgl.scheduler import scheduler  # noqa: E402
 from tools.bench_p1 import show_limit, workload_limit  # noqa: E402
 from tools.models import MOE_PARITY_MODELS, ensure_model  # noqa: E402
-from tools.parity import book_dtype, eos_ids, run_parity  # noqa: E402
+from tools.parity import load_example, run_parity  # noqa: E402
 
 STEP_MODEL = "tiny-qwen3"
 STEP_REQUESTS = 64  # decode batches of this many requests, as a server at load sees them
@@ -160,15 +160,6 @@ def show_sampler() -> None:
         print(f"logits on the GPU: {'FlashInfer' if kernels else 'the PyTorch code'} samples")
 
 
-def generate(name: str, prompts: List[List[int]], max_new_tokens: int) -> List[List[int]]:
-    with LLM(str(ensure_model(name)), dtype=book_dtype(), num_page_override=512) as llm:
-        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
-        outputs = llm.generate(prompts, params)
-    eos = eos_ids(name)[:1]  # LLM.generate leaves out the EOS that ended a request
-    return [o["token_ids"] + (eos if len(o["token_ids"]) < max_new_tokens else [])  # type: ignore[operator]
-            for o in outputs]  # fmt: skip
-
-
 def main() -> int:
     print("== the physical limit of upstream's offline workload (Qwen3-0.6B's shape, bf16)")
     show_limit(workload_limit())
@@ -180,6 +171,8 @@ def main() -> int:
     show_sampler()
 
     print("\n== the engine after the project, every token against transformers")
+    # chapter 22's generator: the same engine settings, on this project's tree
+    generate = load_example("examples/ch22_gap.py").generate
     summary = run_parity(generate, models=MOE_PARITY_MODELS, max_new_tokens=16)
     return 0 if summary.ok else 1
 
