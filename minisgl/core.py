@@ -78,9 +78,14 @@ class Req:
 
     A forward pass computes tokens cached_len .. device_len-1 (the "extend" part); afterwards
     `complete_one` moves cached_len up to device_len and makes room for the token just sampled.
+
+    A sampled token reaches the host as a Python int, once per decode step: `append_host` keeps
+    it in a list, and `input_ids` joins the list to the tensor only when someone reads it (the
+    prefix cache, when the request finishes). A step then costs a list append per request, not
+    a new tensor.
     """
 
-    input_ids: torch.Tensor  # on the CPU
+    input_ids: torch.Tensor  # on the CPU (a property, below the class: see append_host)
     table_idx: int  # the request's row in the page table and the token pool
     cached_len: int
     output_len: int  # the most tokens it may still produce
@@ -89,7 +94,7 @@ class Req:
     cache_handle: BaseCacheHandle
 
     def __post_init__(self) -> None:
-        assert self.input_ids.is_cpu, "a request's tokens live on the CPU"
+        assert self._joined_ids.is_cpu, "a request's tokens live on the CPU"
         self.device_len = len(self.input_ids)
         self.max_device_len = len(self.input_ids) + self.output_len
         assert 0 <= self.cached_len < self.device_len <= self.max_device_len
@@ -107,8 +112,17 @@ class Req:
         self.cached_len = self.device_len
         self.device_len += 1
 
-    def append_host(self, next_token: torch.Tensor) -> None:
-        self.input_ids = torch.cat([self.input_ids, next_token])
+    def append_host(self, next_token: torch.Tensor | int) -> None:
+        """One more token on the host: an int, or a tensor of one or more."""
+        if isinstance(next_token, torch.Tensor):
+            self._new_ids.extend(next_token.tolist())
+        else:
+            self._new_ids.append(next_token)
+
+    @property
+    def host_len(self) -> int:
+        """Tokens on the host: the prompt and the outputs received so far."""
+        return len(self._joined_ids) + len(self._new_ids)
 
     @property
     def can_decode(self) -> bool:
@@ -120,6 +134,21 @@ class Req:
             f"cached_len={self.cached_len}, device_len={self.device_len}, "
             f"max_device_len={self.max_device_len})"
         )
+
+
+def _get_input_ids(req: Req) -> torch.Tensor:
+    if req._new_ids:  # join the tokens appended since the last read, once
+        new = torch.tensor(req._new_ids, dtype=req._joined_ids.dtype)
+        req._joined_ids, req._new_ids = torch.cat([req._joined_ids, new]), []
+    return req._joined_ids
+
+
+def _set_input_ids(req: Req, input_ids: torch.Tensor) -> None:
+    req._joined_ids, req._new_ids = input_ids, []
+
+
+# after @dataclass: the generated __init__ assigns input_ids through the property's setter
+Req.input_ids = property(_get_input_ids, _set_input_ids)  # type: ignore[assignment]
 
 
 @dataclass

@@ -13,6 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minisgl.attention.fi import gather_key_slots
+from minisgl.core import Req, SamplingParams
 from minisgl.engine import sample
 from minisgl.env import ENV
 from minisgl.scheduler import scheduler
@@ -90,6 +92,61 @@ class FakeKernels:
 
     def top_k_top_p_sampling_from_probs(self, probs: torch.Tensor, k: Any, p: Any) -> torch.Tensor:
         return self._draw("top_k_top_p_sampling_from_probs", probs, k, p)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 15), st.integers(1, 64)), min_size=1, max_size=20),
+    st.integers(0, 2**31 - 1),
+)
+def test_the_key_slots_are_the_per_request_slices(rows_lengths: List, seed: int) -> None:
+    page_table = torch.randint(0, 10**6, (16, 64), generator=torch.Generator().manual_seed(seed))
+    page_table = page_table.to(torch.int32)
+    rows, lengths = [r for r, _ in rows_lengths], [n for _, n in rows_lengths]
+    slots = gather_key_slots(page_table, rows, lengths)
+    expected = torch.cat([page_table[r, :n] for r, n in rows_lengths])  # chapter 17's way
+    assert slots.dtype == torch.int32 and torch.equal(slots, expected)
+
+
+def make_req(prompt: List[int], output_len: int = 8) -> Req:
+    return Req(
+        input_ids=torch.tensor(prompt, dtype=torch.int32),
+        table_idx=0,
+        cached_len=0,
+        output_len=output_len,
+        uid=0,
+        sampling_params=SamplingParams(),
+        cache_handle=None,  # type: ignore[arg-type]
+    )
+
+
+def test_tokens_appended_as_ints_join_the_prompt_when_read() -> None:
+    req = make_req([5, 6, 7])
+    for token in (8, 9):
+        req.append_host(token)
+    req.append_host(torch.tensor([10, 11], dtype=torch.int32))  # chapter 01's way still works
+    assert req.host_len == 7 and len(req._new_ids) == 4  # nothing joined yet
+    assert req.input_ids.dtype == torch.int32
+    assert req.input_ids.tolist() == [5, 6, 7, 8, 9, 10, 11]
+    assert req._new_ids == [] and req.host_len == 7  # joined once, by that read
+    req.append_host(12)
+    assert req.input_ids.tolist()[-2:] == [11, 12]
+    req.input_ids = torch.tensor([1], dtype=torch.int32)  # assigning replaces everything
+    assert req.host_len == 1 and req.input_ids.tolist() == [1]
+
+
+def test_a_decode_batch_of_the_same_requests_reuses_the_sampling_tensors() -> None:
+    sampler = sample.Sampler(CPU, vocab_size=100)
+    reqs = [make_req([1, 2]) for _ in range(3)]
+    for r, t in zip(reqs, (0.5, 0.7, 1.0)):
+        r.sampling_params = SamplingParams(temperature=t, top_k=5)
+    first = sampler.prepare(SimpleNamespace(reqs=list(reqs)))  # type: ignore[arg-type]
+    again = sampler.prepare(SimpleNamespace(reqs=list(reqs)))  # type: ignore[arg-type]
+    assert again is first
+    fewer = sampler.prepare(SimpleNamespace(reqs=reqs[:2]))  # type: ignore[arg-type]
+    assert fewer is not first and fewer.temperatures.tolist() == pytest.approx([0.5, 0.7])
+    other = [make_req([1, 2]) for _ in range(3)]  # equal parameters, other requests
+    assert sampler.prepare(SimpleNamespace(reqs=other)) is not fewer  # type: ignore[arg-type]
 
 
 def sampling_batch(params: List[sample.SamplingParams] | List[Any]) -> Any:

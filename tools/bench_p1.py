@@ -1,8 +1,14 @@
-"""Project P1's numbers: the physical limit of upstream's offline workload on a GPU, and the
-engine before and after the project, measured side by side.
+"""Project P1's numbers: the physical limit of upstream's offline workload on a GPU, the
+engine before and after the project and beside the official one, and where the time goes.
 
     python tools/bench_p1.py limit          # the roofline of the workload (any machine)
     python tools/bench_p1.py ab             # on an NVIDIA GPU: docs/data/p1-ab.md
+    python tools/bench_p1.py side --official UPSTREAM/python [--official-site DIR]
+                                            # this engine and the official one: p1-side.md
+    python tools/bench_p1.py profile [--official UPSTREAM/python]
+                                            # where the time goes, in both: p1-profile.md
+    python tools/bench_p1.py attention      # the decode attention kernel alone
+    python tools/bench_p1.py attention-run  # ... at the shapes of the run's decode steps
 
 **limit.** A lower bound on the time of the workload on one H200, from three facts of the
 hardware and the shapes alone: a prefill is bound by arithmetic (two FLOPs per weight per
@@ -17,11 +23,27 @@ full configuration: FlashInfer, CUDA graphs, overlap, custom kernels), alternati
 fresh process, after one run of each that is not counted (it fills the kernel caches). The
 table gives every run, the means, the spread and the ratio, and each mean as a fraction of
 the limit.
+
+**side.** This checkout's engine and the official mini-sglang (`tools/bench_gpu.py
+--official`: upstream's sources from a folder outside the repository), the same way:
+alternating, fresh processes, one uncounted run of each first. The table gives the ratio of
+the means, this engine's over the official one's: the project's bar is 1.10.
+
+**profile.** Two more runs of each engine: one with torch.profiler recording the GPU's
+kernels (seconds of each part in the timed run), one with the scheduler's functions timed
+(milliseconds per scheduler turn; its wall time gives the GPU's busy share), the engines side
+by side. `--from-json` makes the tables again from a run's saved results.
+
+**attention, attention-run.** FlashInfer's decode attention for one layer, timed with CUDA
+events: in the variants the engine could use at three full shapes, and at the shapes of the
+workload's own decode steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import shutil
 import statistics
 import subprocess
@@ -29,11 +51,15 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "docs" / "data" / "p1-ab.md"
+SIDE_OUT = ROOT / "docs" / "data" / "p1-side.md"
+PROFILE_OUT = ROOT / "docs" / "data" / "p1-profile.md"
+ATTENTION_OUT = ROOT / "docs" / "data" / "p1-attention.md"
+ATTENTION_RUN_OUT = ROOT / "docs" / "data" / "p1-attention-run.md"
 RUN_TIMEOUT_S = 150  # one benchmark run: imports, start-up, warm-up and about 7 s timed
 
 
@@ -177,11 +203,11 @@ def run_tree(tree: Path) -> Dict:
                           RUN_TIMEOUT_S)  # fmt: skip
 
 
-def ab_table(runs: Dict[str, List[Dict]], result: Limit) -> str:
+def runs_table(runs: Dict[str, List[Dict]], result: Limit, ratio: str) -> str:
     import torch
 
     rows = [
-        "| tree | runs (output tokens/s) | mean | spread | of the limit |",
+        "| engine | runs (output tokens/s) | mean | spread | of the limit |",
         "| --- | --- | ---: | ---: | ---: |",
     ]
     means = {}
@@ -193,48 +219,314 @@ def ab_table(runs: Dict[str, List[Dict]], result: Limit) -> str:
             f"| {label} | {', '.join(f'{r:,.0f}' for r in rates)} | {means[label]:,.0f} | "
             f"{spread:.1%} | {means[label] / result.tokens_per_s:.0%} |"
         )
-    before, after = means.values()
+    first, second = means.values()
     return (
-        "\n".join(rows)
-        + f"\n\nRatio after / before: {after / before:.3f}. The limit: {result.seconds:.2f} s, "
+        "\n".join(rows) + f"\n\n{ratio}: {first / second:.3f}. The limit: {result.seconds:.2f} s, "
         f"{result.tokens_per_s:,.0f} output tokens/s ({H200.name}). Measured on one "
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"{sum(len(r) for r in runs.values())} runs alternating.\n"
     )
 
 
+def alternate(engines: Dict[str, Callable[[], Dict]], rounds: int) -> Dict[str, List[Dict]]:
+    """Run each engine once uncounted (it fills the kernel caches), then `rounds` times each,
+    taking turns."""
+    for label, run in engines.items():
+        print(f"warm-up {label}: {run()}", flush=True)
+    runs: Dict[str, List[Dict]] = {label: [] for label in engines}
+    for round in range(rounds):
+        for label, run in engines.items():
+            runs[label].append(run())
+            print(f"round {round + 1} {label}: {runs[label][-1]}", flush=True)
+    return runs
+
+
 def ab(before: str, after: str, rounds: int, out: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix="minisgl-p1-ab-"))
     try:
         trees = {
-            f"chapter {before}": build_tree(before, work / before),
             f"project {after}": build_tree(after, work / after),
+            f"chapter {before}": build_tree(before, work / before),
         }
-        for label, tree in trees.items():  # not counted: fills the kernel caches
-            print(f"warm-up {label}: {run_tree(tree)}", flush=True)
-        runs: Dict[str, List[Dict]] = {label: [] for label in trees}
-        for round in range(rounds):
-            for label, tree in trees.items():
-                runs[label].append(run_tree(tree))
-                print(f"round {round + 1} {label}: {runs[label][-1]}", flush=True)
+        runs = alternate(
+            {k: functools.partial(run_tree, tree) for k, tree in trees.items()}, rounds
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out.write_text(ab_table(runs, workload_limit()))
+    out.write_text(runs_table(runs, workload_limit(), f"Ratio {after} / {before}"))
+    print(out.read_text())
+
+
+def engines(source: Path | None, site: Path | None) -> Dict[str, Callable[..., Dict]]:
+    """label -> run(profile=None): this checkout's engine and, given its sources, upstream's."""
+    from tools.bench_gpu import run_in_child, run_official_in_child
+
+    runs: Dict[str, Callable[..., Dict]] = {
+        "this engine": functools.partial(run_in_child, "fi-graphs")
+    }
+    if source is not None:
+        runs["official mini-sglang"] = functools.partial(run_official_in_child, source, site)
+    return runs
+
+
+def side(source: Path, site: Path | None, rounds: int, out: Path) -> None:
+    runs = alternate(engines(source, site), rounds)
+    out.write_text(runs_table(runs, workload_limit(), "Ratio this engine / official"))
+    print(out.read_text())
+
+
+def profile(source: Path | None, site: Path | None, out: Path, only: List[str]) -> None:
+    """Two profiled runs of each engine: the GPU's kernels by part, and the host's functions
+    (ms per scheduler turn). The results go to out's .json, the tables to out."""
+    import torch
+
+    results: Dict[str, Dict] = {}
+    for label, run in engines(source, site).items():
+        if only and label not in only:
+            continue
+        results[label] = dict(
+            machine=f"One {torch.cuda.get_device_name()}, torch {torch.__version__}"
+        )
+        for what in ("kernels", "host"):
+            results[label][what] = run(profile=what)
+            print(f"{label}, {what}: {json.dumps(results[label][what])}", flush=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    out.write_text(profile_tables(results))
+    print(out.read_text())
+
+
+def profile_tables(results: Dict[str, Dict]) -> str:
+    """The tables of `profile`'s results. The GPU's busy share is the kernels' time over the
+    wall time of the run with timers (the profiler's own run is slower: it records every
+    launch)."""
+    from tools.bench_ablation import gpu_part
+
+    labels = list(results)
+    parts: Dict[str, Dict[str, float]] = {label: {} for label in labels}
+    for label, result in results.items():
+        for name, seconds in result["kernels"]["kernels"].items():
+            part = gpu_part(name)
+            parts[label][part] = parts[label].get(part, 0.0) + seconds
+    order = sorted(parts[labels[0]], key=lambda part: -parts[labels[0]][part])
+    gpu_rows = ["| GPU time, s | " + " | ".join(labels) + " |", "| --- |" + " ---: |" * len(labels)]
+    for part in order:
+        gpu_rows.append(
+            f"| {part} | " + " | ".join(f"{parts[k].get(part, 0):.2f}" for k in labels) + " |"
+        )
+    kernels = {label: sum(parts[label].values()) for label in labels}
+    wall = {label: results[label]["host"]["seconds"] for label in labels}
+    gpu_rows += [
+        "| all kernels | " + " | ".join(f"{kernels[k]:.2f}" for k in labels) + " |",
+        "| wall time of `generate` | " + " | ".join(f"{wall[k]:.2f}" for k in labels) + " |",
+        "| GPU busy | " + " | ".join(f"{kernels[k] / wall[k]:.0%}" for k in labels) + " |",
+    ]
+    timed = {label: r["host"]["host"] for label, r in results.items()}
+    turns = {label: t["Scheduler.overlap_loop"]["calls"] for label, t in timed.items()}
+    host_rows = ["| host, ms per turn | " + " | ".join(labels) + " |"]
+    host_rows.append("| --- |" + " ---: |" * len(labels))
+    for name in dict.fromkeys(n for t in timed.values() for n in t):
+        cells = [
+            f"{1e3 * timed[k][name]['seconds'] / turns[k]:.3f}" if name in timed[k] else ""
+            for k in labels
+        ]
+        host_rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    waits = {k: timed[k].get("Event.synchronize", {"seconds": 0.0})["seconds"] for k in labels}
+    working = [f"{1e3 * (timed[k]['Scheduler.overlap_loop']['seconds'] - waits[k]) / turns[k]:.2f}"
+               for k in labels]  # fmt: skip
+    host_rows.append("| a turn less its waits for the GPU | " + " | ".join(working) + " |")
+    machine = results[labels[0]].get("machine", "")
+    return (
+        "\n".join(gpu_rows)
+        + "\n\n"
+        + "\n".join(host_rows)
+        + f"\n\nScheduler turns: {', '.join(f'{k} {n:,}' for k, n in turns.items())}."
+        + (f" {machine}." if machine else "")
+        + " Made by `python tools/bench_p1.py profile`.\n"
+    )
+
+
+def attention(out: Path) -> None:
+    """One layer's decode attention of Qwen3-0.6B's shape (16 query and 8 key/value heads of
+    128, bfloat16) with FlashInfer, in the variants the engine could use, at batch sizes and
+    context lengths of the workload: microseconds per call and the keys and values read per
+    second (the H200's bandwidth is the ceiling)."""
+    import torch
+    from flashinfer import BatchDecodeWithPagedKVCacheWrapper
+
+    heads, kv_heads, head_dim, page = 16, 8, 128, 256
+    rows = [
+        "| batch | context | variant | us per layer | K+V read, TB/s |",
+        "| ---: | ---: | --- | ---: | ---: |",
+    ]
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for batch, context in [(64, 1024), (256, 512), (256, 1024)]:
+        pages_per_req = context // page
+        num_pages = batch * pages_per_req
+        cache = torch.randn(2, num_pages, page, kv_heads, head_dim, dtype=torch.bfloat16,
+                            device="cuda")  # fmt: skip
+        # pages scattered as the allocator leaves them: a random permutation
+        page_ids = torch.randperm(num_pages, generator=gen).to(torch.int32)
+        q = torch.randn(batch, heads, head_dim, dtype=torch.bfloat16, device="cuda")
+        slots = (page_ids[:, None] * page + torch.arange(page, dtype=torch.int32)).view(-1)
+        variants = {
+            "pages of 1 token, decode kernel (now)": (1, False, slots),
+            "pages of 1 token, tensor-core kernel": (1, True, slots),
+            "pages of 256 tokens, decode kernel": (page, False, page_ids),
+            "pages of 256 tokens, tensor-core kernel": (page, True, page_ids),
+        }
+        for name, (page_size, tensor_cores, indices) in variants.items():
+            wrapper = BatchDecodeWithPagedKVCacheWrapper(
+                workspace, "NHD", use_tensor_cores=tensor_cores, backend="fa2"
+            )
+            per_req = context // page_size
+            wrapper.plan(
+                indptr=torch.arange(batch + 1, dtype=torch.int32) * per_req,
+                indices=indices.cuda(),
+                last_page_len=torch.full((batch,), page_size, dtype=torch.int32),
+                num_qo_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                page_size=page_size, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+            )  # fmt: skip
+            kv = cache.view(2, -1, page_size, kv_heads, head_dim)
+            run = functools.partial(wrapper.run, q, (kv[0], kv[1]))
+            for _ in range(5):
+                run()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(50):
+                run()
+            end.record()
+            torch.cuda.synchronize()
+            us = start.elapsed_time(end) * 1e3 / 50
+            read = 2 * batch * context * kv_heads * head_dim * 2
+            rows.append(f"| {batch} | {context} | {name} | {us:.1f} | {read / us / 1e6:.2f} |")
+            print(rows[-1], flush=True)
+        del cache
+    out.write_text("\n".join(rows) + f"\n\nOne {torch.cuda.get_device_name()}.\n")
+    print(out.read_text())
+
+
+def attention_over_the_run(out: Path, every: int = 64) -> None:
+    """The decode attention kernel at the shapes of the workload's own decode steps (every
+    `every`-th step: the requests still running, each with its prompt and the tokens so far),
+    through the wrapper the engine replays in its CUDA graphs and through the plain one:
+    microseconds per layer and bandwidth per step, and the whole run's kernel time estimated
+    from them (28 layers, steps in between interpolated)."""
+    import torch
+    from flashinfer import (
+        BatchDecodeWithPagedKVCacheWrapper,
+        CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+    )
+
+    from minisgl.benchmark.offline import make_offline_workload
+
+    heads, kv_heads, head_dim, layers, page = 16, 8, 128, 28, 256
+    work = make_offline_workload()
+    prompt_lens = [len(prompt) for prompt in work.prompts]
+    output_lens = [params.max_tokens for params in work.sampling_params]
+    steps = [*range(1, max(output_lens) - 1, every), max(output_lens) - 1]
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    slots_max = sum(n + m for n, m in zip(prompt_lens, output_lens)) + page * len(prompt_lens)
+    cache = torch.randn(2, slots_max, 1, kv_heads, head_dim, dtype=torch.bfloat16, device="cuda")
+    rows = [
+        "| step | batch | mean keys | graph wrapper: us per layer | TB/s | plain: us | TB/s |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    times: Dict[str, List[float]] = {"graph": [], "plain": []}
+    for step in steps:
+        contexts = [n + step for n, m in zip(prompt_lens, output_lens) if m > step]
+        batch, total = len(contexts), sum(contexts)
+        # each request's slots: whole pages of 256, pages in a random order (as allocated)
+        pages = [(n + page - 1) // page for n in contexts]
+        order = torch.randperm(sum(pages), generator=torch.Generator().manual_seed(step))
+        own_pages = order.split(pages)
+        slots = torch.cat([
+            (own[:, None] * page + torch.arange(page)).view(-1)[:n]
+            for own, n in zip(own_pages, contexts)
+        ]).to(torch.int32).cuda()  # fmt: skip
+        indptr = torch.tensor([0] + contexts, dtype=torch.int32).cumsum(0).to(torch.int32)
+        ones = torch.ones(batch, dtype=torch.int32)
+        q = torch.randn(batch, heads, head_dim, dtype=torch.bfloat16, device="cuda")
+        wrappers = {
+            "graph": CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+                workspace, kv_layout="NHD", use_tensor_cores=False,
+                indptr_buffer=torch.empty(batch + 1, dtype=torch.int32, device="cuda"),
+                indices_buffer=torch.empty(total, dtype=torch.int32, device="cuda"),
+                last_page_len_buffer=torch.empty(batch, dtype=torch.int32, device="cuda"),
+            ),
+            "plain": BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2"),
+        }  # fmt: skip
+        wrappers["graph"]._backend = "fa2"  # as the engine's (chapter 18)
+        cells = []
+        for name, wrapper in wrappers.items():
+            wrapper.plan(
+                indptr=indptr, indices=slots, last_page_len=ones, num_qo_heads=heads,
+                num_kv_heads=kv_heads, head_dim=head_dim, page_size=1,
+                q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+            )  # fmt: skip
+            run = functools.partial(wrapper.run, q, (cache[0], cache[1]))
+            for _ in range(3):
+                run()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(20):
+                run()
+            end.record()
+            torch.cuda.synchronize()
+            us = start.elapsed_time(end) * 1e3 / 20
+            times[name].append(us)
+            cells += [f"{us:.1f}", f"{2 * total * kv_heads * head_dim * 2 / us / 1e6:.2f}"]
+        rows.append(f"| {step} | {batch} | {total / batch:.0f} | " + " | ".join(cells) + " |")
+        print(rows[-1], flush=True)
+
+    def whole_run(us: List[float]) -> float:  # seconds: 28 layers, every step, interpolated
+        seconds = 0.0
+        for (s0, t0), (s1, t1) in zip(zip(steps, us), zip(steps[1:], us[1:])):
+            seconds += (s1 - s0) * (t0 + t1) / 2 * layers / 1e6
+        return seconds + us[-1] * layers / 1e6
+
+    estimates = ", ".join(f"{name} {whole_run(us):.2f} s" for name, us in times.items())
+    out.write_text(
+        "\n".join(rows) + f"\n\nThe whole run's decode attention, estimated: {estimates}. "
+        f"One {torch.cuda.get_device_name()}.\n"
+    )
     print(out.read_text())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["limit", "ab"])
+    parser.add_argument(
+        "what", choices=["limit", "ab", "side", "profile", "attention", "attention-run"]
+    )
     parser.add_argument("--before", default="22", help="the chapter before the project")
     parser.add_argument("--after", default="P1")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--official", type=Path, help="a folder holding upstream's minisgl")
+    parser.add_argument("--official-site", type=Path, help="packages first on upstream's path")
+    parser.add_argument("--only", help="profile: these engines' labels, comma-separated")
+    parser.add_argument("--from-json", type=Path, help="profile: redo the tables from this")
+    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.what == "limit":
         show_limit(workload_limit())
+    elif args.what == "ab":
+        ab(args.before, args.after, args.rounds, args.out or OUT)
+    elif args.what == "side":
+        if args.official is None:
+            parser.error("side needs --official: a folder holding upstream's minisgl package")
+        side(args.official, args.official_site, args.rounds, args.out or SIDE_OUT)
+    elif args.what == "attention":
+        attention(args.out or ATTENTION_OUT)
+    elif args.what == "attention-run":
+        attention_over_the_run(args.out or ATTENTION_RUN_OUT)
     else:
-        ab(args.before, args.after, args.rounds, args.out)
+        only = args.only.split(",") if args.only else []
+        if args.from_json:  # the tables again, from a run's saved results
+            (args.out or PROFILE_OUT).write_text(
+                profile_tables(json.loads(args.from_json.read_text()))
+            )
+        else:
+            profile(args.official, args.official_site, args.out or PROFILE_OUT, only)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ probabilities add up to `top_p` (the nucleus), renormalised. One batch may mix a
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, List, Tuple
 
 import torch
 
@@ -19,7 +19,7 @@ from minisgl.utils import nvtx_annotate
 from minisgl.utils.device import host_tensor, to_device
 
 if TYPE_CHECKING:
-    from minisgl.core import Batch
+    from minisgl.core import Batch, Req
 
 MIN_TEMPERATURE = 1e-6  # a greedy request's row in a batch that also samples
 MIN_TOP_P = 1e-6
@@ -103,10 +103,21 @@ def sample_flashinfer(
 class Sampler:
     device: torch.device
     vocab_size: int
+    # the requests of the last batch prepared, and their arguments
+    _last: Tuple[List[Req], BatchSamplingArgs] | None = field(default=None, init=False, repr=False)
 
     def prepare(self, batch: Batch) -> BatchSamplingArgs:
-        """Gather the batch's sampling parameters into tensors (on the device), once."""
-        params = [r.sampling_params for r in batch.reqs]
+        """Gather the batch's sampling parameters into tensors (on the device), once. Most
+        decode batches hold the same requests as the one before (requests join and leave only
+        now and then), and then get its tensors again: the sampler only reads them."""
+        if self._last is not None and self._last[0] == batch.reqs:  # the same Req objects
+            return self._last[1]
+        args = self._prepare(batch.reqs)
+        self._last = (list(batch.reqs), args)
+        return args
+
+    def _prepare(self, reqs: List[Req]) -> BatchSamplingArgs:
+        params = [r.sampling_params for r in reqs]
         if all(p.is_greedy for p in params):
             return BatchSamplingArgs(temperatures=None)
         temperatures = [

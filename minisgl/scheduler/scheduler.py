@@ -176,10 +176,10 @@ class Scheduler(SchedulerIOMixin, SchedulerGuardMixin):
                 if isinstance(req, ChunkedReq):  # its prompt is not done: nothing sampled
                     continue
                 token = tokens[i]
-                req.append_host(next_tokens_cpu[i : i + 1])
+                req.append_host(token)  # an int: no tensor per request (see Req)
                 # counted on the host, where the token just arrived: the device-side lengths
                 # may already include the next batch (fix 1)
-                finished = len(req.input_ids) >= req.max_device_len
+                finished = req.host_len >= req.max_device_len
                 if not req.sampling_params.ignore_eos:
                     finished |= token == self.eos_token_id
                 reply.append(DetokenizeMsg(uid=req.uid, next_token=token, finished=finished))
