@@ -219,6 +219,35 @@ def test_rank0_fails_at_once_when_a_rank_has_left() -> None:
         io.stop_io()
 
 
+def test_rank0_looks_at_its_subscribers_once_in_the_same_call_as_the_send() -> None:
+    """A departure reported just after rank 0 has looked must not make the send wait again, for
+    the whole timeout: looking and sending in two calls once cost chapter 16's dead-rank test
+    20 s. Here the fake publisher reports the departure right after the first look."""
+    looks: List[float | None] = []
+    sent: List[bytes] = []
+
+    class Publisher:
+        subscribed = 1
+
+        def wait_for_subscribers(self, timeout: float | None = None) -> None:
+            looks.append(timeout)
+            if self.subscribed < 1:
+                raise TimeoutError("0 of 1 subscribers joined")
+            self.subscribed = 0  # rank 1 is reported gone just after this look
+
+        def put_raw(self, raw: bytes, timeout: float | None = None) -> None:
+            self.wait_for_subscribers(timeout)
+            sent.append(raw)
+
+    rank0 = Ranks.__new__(Ranks)
+    rank0._send_into_ranks = Publisher()  # type: ignore[assignment]
+    rank0._forward_to_ranks(b"message")
+    assert looks == [0] and sent == [b"message"]  # one look, no wait, then the send
+    with pytest.raises(RuntimeError, match="another rank has stopped"):
+        rank0._forward_to_ranks(b"next")  # the departure counts at the next message
+    assert looks == [0, 0] and sent == [b"message"]
+
+
 def test_offline_mode_opens_no_socket() -> None:
     io = Ranks(config(offline_mode=True), tp_cpu_group=None)
     assert io.receive_msg == io.offline_receive_msg and io._queues == []

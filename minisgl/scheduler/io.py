@@ -157,11 +157,10 @@ class SchedulerIOMixin:
         turn (sync_all_ranks), and none leaves while the server runs: a departure means a
         rank has died, so rank 0 fails at once instead of waiting distributed_timeout seconds
         for a subscriber that cannot come back."""
-        try:
-            self._send_into_ranks.wait_for_subscribers(timeout=0)
+        try:  # one look at the subscribers, in the same call as the send
+            self._send_into_ranks.put_raw(raw, timeout=0)
         except TimeoutError as error:
             raise RuntimeError(f"another rank has stopped ({error})") from None
-        self._send_into_ranks.put_raw(raw)
 
     def _recv_msg_multi_rank1(self, blocking: bool = False) -> List[BaseBackendMsg]:
         messages: List[BaseBackendMsg] = []

@@ -203,8 +203,10 @@ class ZmqPubQueue(_ZmqQueue, Generic[T]):
                 )
             self.socket.poll(timeout=min(WAIT_SLICE_MS, max(1, int(1000 * left))))
 
-    def put_raw(self, raw: bytes) -> None:
-        self.wait_for_subscribers()
+    def put_raw(self, raw: bytes, timeout: float | None = None) -> None:
+        """Send packed bytes once the subscribers are in (`timeout` as wait_for_subscribers's;
+        0: look once, without waiting)."""
+        self.wait_for_subscribers(timeout)
         self.socket.send(raw, copy=False)
 
     def put(self, obj: T) -> None:
