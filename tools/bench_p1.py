@@ -345,6 +345,22 @@ def profile_tables(results: Dict[str, Dict]) -> str:
     )
 
 
+def gpu_microseconds(run: Callable[[], object], warm_up: int, repeat: int) -> float:
+    """The GPU time of one call of `run`, in microseconds: CUDA events around `repeat` calls,
+    after `warm_up` calls that are not timed."""
+    import torch
+
+    for _ in range(warm_up):
+        run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / repeat
+
+
 def attention(out: Path) -> None:
     """One layer's decode attention of Qwen3-0.6B's shape (16 query and 8 key/value heads of
     128, bfloat16) with FlashInfer, in the variants the engine could use, at batch sizes and
@@ -388,16 +404,7 @@ def attention(out: Path) -> None:
                 page_size=page_size, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
             )  # fmt: skip
             kv = cache.view(2, -1, page_size, kv_heads, head_dim)
-            run = functools.partial(wrapper.run, q, (kv[0], kv[1]))
-            for _ in range(5):
-                run()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(50):
-                run()
-            end.record()
-            torch.cuda.synchronize()
-            us = start.elapsed_time(end) * 1e3 / 50
+            us = gpu_microseconds(functools.partial(wrapper.run, q, (kv[0], kv[1])), 5, 50)
             read = 2 * batch * context * kv_heads * head_dim * 2
             rows.append(f"| {batch} | {context} | {name} | {us:.1f} | {read / us / 1e6:.2f} |")
             print(rows[-1], flush=True)
@@ -464,16 +471,7 @@ def attention_over_the_run(out: Path, every: int = 64) -> None:
                 num_kv_heads=kv_heads, head_dim=head_dim, page_size=1,
                 q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
             )  # fmt: skip
-            run = functools.partial(wrapper.run, q, (cache[0], cache[1]))
-            for _ in range(3):
-                run()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(20):
-                run()
-            end.record()
-            torch.cuda.synchronize()
-            us = start.elapsed_time(end) * 1e3 / 20
+            us = gpu_microseconds(functools.partial(wrapper.run, q, (cache[0], cache[1])), 3, 20)
             times[name].append(us)
             cells += [f"{us:.1f}", f"{2 * total * kv_heads * head_dim * 2 / us / 1e6:.2f}"]
         rows.append(f"| {step} | {batch} | {total / batch:.0f} | " + " | ".join(cells) + " |")
