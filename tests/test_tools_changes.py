@@ -66,6 +66,22 @@ def test_a_new_method_can_override_one_so_its_name_counts():
     assert change(with_hook, BASE).names == {"Pool", ".hook"}
 
 
+def test_a_member_set_on_the_class_after_it_is_defined_changes_that_class_only():
+    """Project P1 turns a dataclass field into a property after `@dataclass` made the
+    constructor: `Pool.size = property(...)` below the class. A test that never meets `Pool`
+    or `.size` cannot see it; before this rule the whole module counted as changed."""
+    getter = "\n    def _size(self):\n        return 16\n"
+    with_property = BASE + getter + "\n    Pool.size = property(_size)\n"
+    assert change(BASE, with_property) == FileChange(
+        names={"Pool", ".size"}, owners={".size": {"Pool"}}
+    )
+    assert change(with_property, with_property.replace("_size)", "_size, None)")).names == {
+        "Pool", ".size"
+    }  # fmt: skip
+    # an attribute of a class that the module did not define is still opaque
+    assert change(BASE, BASE + "\n    List.size = property(len)\n").opaque
+
+
 def test_a_registration_and_a_statement_run_at_import():
     registry = """
         REG = Registry("backends")
@@ -122,6 +138,29 @@ def test_why_a_test_reruns():
     assert tc.reasons(set(), {"LIMIT"}, set())[0].endswith("now: LIMIT")
     assert tc.reasons(set(), {".LIMIT"}, set())  # ops.LIMIT
     assert tc.reasons(set(), set(), {"pkg/side.py"})[0].startswith("pkg/side.py: a statement")
+
+
+def test_a_changed_member_counts_only_for_code_that_meets_its_class():
+    """A tokenizer's `.input_ids` is not a request's: a changed member of `Req` reruns a test
+    that reads the attribute only if the test also meets `Req` (its name, a subclass's, an
+    alias made at import) or ran one of its methods."""
+    req = "class Req:\n    input_ids = None\n\n    def length(self):\n        return 0\n"
+    more = "from .req import Req\n\nclass ChunkedReq(Req):\n    pass\n\nR = Req\n"
+    resigned = req.replace("length(self)", "length(self, n=0)")  # a method's signature
+    tc = tree_change(sources(req=req, more=more), sources(req=resigned, more=more))
+    assert tc.names == {".length"} and tc.owners == {".length": {"Req", "ChunkedReq", "R"}}
+    assert tc.reasons(set(), {".length", "tokenizer"}, set()) == []
+    for met in ("Req", ".Req", "ChunkedReq", "R"):
+        assert tc.reasons(set(), {".length", met}, set()), met
+    assert tc.reasons({("pkg/req.py", "Req.__init__")}, {".length"}, set())
+    # a field changes the class itself too
+    field = tree_change(sources(req=req), sources(req=req.replace("= None", "= ()")))
+    assert field.reasons(set(), {".input_ids", "tokenizer"}, set()) == []
+    assert field.reasons(set(), {"Req"}, set())
+    # a member read at import changes what that binds, whoever reads it
+    use = "from .req import Req\n\nMEASURE = Req.length\n"
+    aliased = tree_change(sources(req=req, use=use), sources(req=resigned, use=use))
+    assert aliased.reasons(set(), {"MEASURE"}, set())
 
 
 def test_what_code_reads():

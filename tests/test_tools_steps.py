@@ -618,6 +618,20 @@ SELECTION_BOOK = {
             out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True)
             assert out.stdout.strip() == "0", out.stderr
         """,
+    "tests/test_ch00_killed.py": """
+        import subprocess, sys
+        CODE = "import time; from minisgl import ops; print(ops.in_a_worker(1), flush=True); " \\
+               "time.sleep(600)"
+        def test_a_worker_killed_outright():
+            worker = subprocess.Popen([sys.executable, "-c", CODE], stdout=subprocess.PIPE)
+            try:
+                assert worker.stdout.readline().strip() == b"0"
+            finally:
+                worker.kill()  # SIGKILL: it cannot write its end
+                worker.wait()
+        def test_after_the_kill():
+            assert sum([1, 1]) == 2
+        """,
     "tests/test_ch00_registry.py": """
         from minisgl import ops
         def test_first_backend():
@@ -634,7 +648,7 @@ SELECTION_BOOK = {
         main = "examples/ch00_main.py"
         tests = ["tests/test_ch00_core.py", "tests/test_ch00_unused.py",
                  "tests/test_ch00_worker.py", "tests/test_ch00_registry.py",
-                 "tests/test_ch00_side.py"]
+                 "tests/test_ch00_side.py", "tests/test_ch00_killed.py"]
         creates = ["minisgl/__init__.py", "minisgl/core.py", "minisgl/ops.py",
                    "minisgl/side.py"]
         """,
@@ -655,16 +669,19 @@ SELECTION_BOOK = {
 def test_the_record_of_what_a_test_ran_decides_whether_it_reruns(tmp_path: Path) -> None:
     """Chapter 01 changes a function no test runs (test_ch00_unused is not rerun), the body of
     a function that only a worker process runs, an entry added to a registry, and a statement
-    a module runs at import (those three tests rerun)."""
+    a module runs at import (those tests rerun). A worker killed outright counts for the test
+    that ran while it lived, not for the tests after it."""
     keep = tmp_path / "kept"
     code, out = check(make_book(tmp_path, SELECTION_BOOK), 0, 1, "--keep", str(keep))
     assert code == 0, out
-    assert f"{NOT_RERUN}: test_ch00_unused.py (1)\n" in out, out
+    assert f"{NOT_RERUN}: test_ch00_unused.py (1), test_ch00_killed.py (1)\n" in out, out
     why = {
         line.split("::")[0].removeprefix("tests/"): line.split(": ", 1)[1]
         for line in (keep / "ch01" / "selection.txt").read_text().splitlines()
     }
     assert why["test_ch00_worker.py"] == "in_a_worker (minisgl/ops.py) changed"
+    assert why["test_ch00_killed.py"] == "in_a_worker (minisgl/ops.py) changed"
+    assert "test_after_the_kill" not in (keep / "ch01" / "selection.txt").read_text()
     assert why["test_ch00_registry.py"].endswith("something else now: BACKENDS")
     assert why["test_ch00_side.py"].startswith("minisgl/side.py: a statement run at import")
     assert "test_ch00_unused.py" not in why

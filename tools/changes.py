@@ -16,14 +16,19 @@ could reach a test:
   changed at import also counts as a name: a registry that gained an entry. And what a name
   means spreads: a statement run at import that reads a changed name binds changed names (a
   subclass of a changed class, a re-export);
+* a member set on a class of the same module after its definition (``Cls.x = property(...)``)
+  counts as a member of that class;
 * a module now does something at import that is neither a definition nor a binding (a call at
   module level, an ``if`` or a ``try`` around definitions, a decorator not known to be pure):
   the module is **opaque**, and every test whose files can import it reruns.
 
-Names are compared without their module or class, which errs on the side of rerunning: a
-changed method ``forward`` counts for every piece of code that reads an attribute ``.forward``,
-a changed module-level ``config`` for every reader of a variable or an attribute ``config``.
-Comments and formatting never count.
+Names are compared without their module, which errs on the side of rerunning: a changed
+module-level ``config`` counts for every reader of a variable or an attribute ``config``. A
+changed member of a class (a method ``forward``, a field) counts for code that reads the
+attribute ``.forward`` and also meets the class (or a subclass or re-export of it): reads its
+name or ran one of its methods. Code that holds an object of the class got it from code that
+named the class (a constructor call), or from a registry whose entry ran the class's
+``__init__``. Comments and formatting never count.
 """
 
 from __future__ import annotations
@@ -98,6 +103,7 @@ PURE_CALLS = {
     "defaultdict",
     "OrderedDict",
     "partial",
+    "property",
     "cast",
     "getenv",
     "get",  # os.environ.get(...)
@@ -212,6 +218,22 @@ def _names_only(node: ast.stmt) -> bool:
     )
 
 
+def _members_set(node: ast.Assign, classes: Set[str]) -> List[Tuple[str, str]]:
+    """[(class, member)] for `Cls.member = ...` where every target is a member of a class
+    this module defined above (a property added after `@dataclass` made the fields): a change
+    of the class, not of the whole module. Empty for any other assignment."""
+    members = []
+    for target in node.targets:
+        if not (
+            isinstance(target, ast.Attribute)
+            and isinstance(target.value, ast.Name)
+            and target.value.id in classes
+        ):
+            return []
+        members.append((target.value.id, target.attr))
+    return members
+
+
 def _is_dunder(name: str) -> bool:
     return name.startswith("__") and name.endswith("__")
 
@@ -280,6 +302,16 @@ def summarise(source: str, filename: str = "<source>") -> ModuleSummary:
             for alias in node.names:
                 bound = (alias.asname or alias.name).split(".")[0]
                 summary.bindings[bound] = f"import {alias.name} as {alias.asname}"
+        elif (
+            isinstance(node, ast.Assign)
+            and _pure(node.value, own_classes)
+            and (members := _members_set(node, set(summary.classes)))
+        ):
+            text = ast.dump(node, include_attributes=False)
+            for owner, member in members:
+                info = summary.classes[owner]
+                info.members[member] = info.members.get(member, "") + text
+            summary.binders.append(Binder({o for o, _ in members}, names_in([node.value])))
         elif (
             isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
             and _names_only(node)
@@ -360,6 +392,7 @@ class FileChange:
     opaque: List[str] = field(default_factory=list)  # why the module counts as opaque
     bodies: Set[str] = field(default_factory=set)  # qualnames whose body changed
     names: Set[str] = field(default_factory=set)  # names that mean something else now
+    owners: Dict[str, Set[str]] = field(default_factory=dict)  # ".member" -> its classes
 
 
 def diff(old: Optional[ModuleSummary], new: Optional[ModuleSummary]) -> FileChange:
@@ -386,7 +419,10 @@ def diff(old: Optional[ModuleSummary], new: Optional[ModuleSummary]) -> FileChan
         elif owner:  # a method: one added can override one its class inherits
             # a dunder acts through the class (construction, operators); `super().__init__`
             # in a subclass is reached through the subclass, whose name changes with it
-            change.names.add(owner[-1] if _is_dunder(name) else "." + name)
+            if _is_dunder(name):
+                change.names.add(owner[-1])
+            else:
+                _add_member(change, owner[-1], name)
         elif fa is not None or name in BUILTIN_NAMES:
             change.names.add(name)
         for f in (fa, fb):
@@ -410,7 +446,7 @@ def diff(old: Optional[ModuleSummary], new: Optional[ModuleSummary]) -> FileChan
             # an abstract method decides whether the class's subclasses can be made at all
             abstract = "abstractmethod" in (ma or "") + (mb or "")
             if not _is_dunder(member):
-                change.names.add("." + member)
+                _add_member(change, name, member)
             if _is_dunder(member) or not is_method or abstract:  # they act through the class
                 change.names.add(name)
     for name in set(a.bindings) | set(new.bindings):
@@ -421,6 +457,11 @@ def diff(old: Optional[ModuleSummary], new: Optional[ModuleSummary]) -> FileChan
         if a.opaque[text] != new.opaque[text]:
             change.opaque.append(f"a statement run at import changed: {text[:100]}")
     return change
+
+
+def _add_member(change: FileChange, owner: str, member: str) -> None:
+    change.names.add("." + member)
+    change.owners.setdefault("." + member, set()).add(owner)
 
 
 def propagate(names: Set[str], binders: Iterable[Binder]) -> Set[str]:
@@ -444,6 +485,9 @@ class TreeChange:
 
     files: Dict[str, FileChange]  # changed package file -> what changed in it
     names: Set[str]  # every name that means something else, spread over the new tree
+    # ".member" -> the classes it changed in, and what is built from them at import (their
+    # subclasses, re-exports): the member counts only for code that meets one of them
+    owners: Dict[str, Set[str]] = field(default_factory=dict)
 
     def opaque_files(self) -> Dict[str, List[str]]:
         return {f: c.opaque for f, c in self.files.items() if c.opaque}
@@ -454,6 +498,7 @@ class TreeChange:
         """Why a test might now behave differently (empty: it cannot). It ran the functions
         `executed` ((file, qualname) pairs), its code mentions `reads`, and its processes can
         import `files`."""
+        executed = list(executed)
         why: List[str] = []
         for file, qualname in sorted(executed):
             change = self.files.get(file)
@@ -462,7 +507,14 @@ class TreeChange:
         for file, opaque in sorted(self.opaque_files().items()):
             if file in files:
                 why.append(f"{file}: {opaque[0]}")
-        shared = sorted(reaches(self.names, reads))
+        classes_ran = {c for _, qualname in executed for c in qualname.split(".")[:-1]}
+        shared = sorted(
+            n
+            for n in reaches(self.names, reads)
+            if n not in self.owners
+            or reaches(self.owners[n], reads)
+            or self.owners[n] & classes_ran
+        )
         if shared:
             why.append(f"it reads names that mean something else now: {', '.join(shared[:6])}")
         return why
@@ -495,6 +547,16 @@ def tree_change(old: Dict[str, str], new: Dict[str, str]) -> TreeChange:
             merged.opaque += change.opaque
             merged.bodies |= change.bodies
             merged.names |= change.names
-    names = {n for change in files.values() for n in change.names}
+            for member, classes in change.owners.items():
+                merged.owners.setdefault(member, set()).update(classes)
+    owners: Dict[str, Set[str]] = {}
+    for change in files.values():
+        for member, classes in change.owners.items():
+            owners.setdefault(member, set()).update(classes)
     binders = [b for s in summaries.values() for b in s.binders]
-    return TreeChange(files, propagate(names, binders))
+    names = {n for change in files.values() for n in change.names}
+    # a member read at import (`ALIAS = Cls.member`) changes what that binds, whatever it met
+    names |= {n for b in binders if reaches(set(owners), b.reads) for n in b.binds}
+    names = propagate(names, binders)
+    closed = {m: propagate(classes, binders) for m, classes in owners.items()}
+    return TreeChange(files, names, closed)

@@ -43,8 +43,10 @@ class TestRecord:
 
 
 def _read_workers(folder: Path) -> List[Tuple[float, float, Set[Function]]]:
-    """(start, end, functions) of every worker process of the run; a worker that was killed
-    wrote no end and counts as alive until the end of the run."""
+    """(start, end, functions) of every worker process of the run. A worker killed outright
+    writes no end; pytest's process writes it for each one it finds gone after a test
+    (tools/guard/book_record_plugin.py); one it never saw gone counts as alive until the end
+    of the run."""
     workers = []
     for path in sorted(folder.glob("*.hits")):
         start, end, ran = math.inf, math.inf, set()
