@@ -176,15 +176,15 @@ OTHER_ROWS = {
 }
 
 
-def model_folder() -> Path:
-    """Qwen3-0.6B's config with a small tokenizer (the prompts are token ids; the engine only
-    reads its EOS id), no weights: the engine makes random ones (use_dummy_weight)."""
-    folder = cache_dir() / "models" / "qwen3-0.6b-shape"
+def model_folder(name: str = "qwen3-0.6b-shape", config: Dict | None = None) -> Path:
+    """Qwen3-0.6B's config (or `config`) with a small tokenizer (the prompts are token ids; the
+    engine only reads its EOS id), no weights: the engine makes random ones (use_dummy_weight)."""
+    folder = cache_dir() / "models" / name
     folder.mkdir(parents=True, exist_ok=True)
     tiny = ensure_model("tiny-qwen3")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (folder / name).write_bytes((tiny / name).read_bytes())
-    (folder / "config.json").write_text(json.dumps(QWEN3_0_6B, indent=1))
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / file).write_bytes((tiny / file).read_bytes())
+    (folder / "config.json").write_text(json.dumps(config or QWEN3_0_6B, indent=1))
     return folder
 
 

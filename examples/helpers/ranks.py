@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from dataclasses import replace
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import torch
 
@@ -32,9 +32,14 @@ REPLY_TIMEOUT_S = 120  # ranks that send nothing for this long are stuck
 
 
 class Ranks:
-    """`config.tp_info.size` scheduler processes, one per rank, gone when the block ends."""
+    """`config.tp_info.size` scheduler processes, one per rank, gone when the block ends. Each
+    runs `target(its config, ready)`: `run_scheduler`, or a benchmark's version of it."""
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        target: Callable[[SchedulerConfig, mp.Queue], None] = run_scheduler,
+    ) -> None:
         self.config = config
         self.requests = ZmqPushQueue(
             config.zmq_backend_addr, create=False, encoder=BaseBackendMsg.encoder
@@ -47,7 +52,7 @@ class Ranks:
         size = config.tp_info.size
         self.processes = [
             ctx.Process(
-                target=run_scheduler,
+                target=target,
                 args=(replace(config, tp_info=DistributedInfo(rank, size)), self.ready),
                 name=f"rank {rank} of {size}",
             )
