@@ -272,3 +272,119 @@ def test_the_workload_limit_covers_upstreams_requests() -> None:
     assert result.output_tokens == sum(p.max_tokens for p in work.sampling_params)
     assert result.decode_steps == max(p.max_tokens for p in work.sampling_params) - 1
     assert 0 < result.prefill_s < result.decode_s
+
+
+# ------------------------------------------------- q/k norms and RoPE in one Triton kernel
+def _qkv_case(dtype: torch.dtype, seed: int = 0):
+    """A qkv output of 7 tokens (6 query heads, 3 key/value heads of 32: head counts that are
+    not powers of two), both norms' weights, positions up to the table's last row."""
+    from minisgl.layers import RMSNorm
+    from minisgl.models import RotaryConfig
+
+    g = torch.Generator().manual_seed(seed)
+    q_norm, k_norm = RMSNorm(32, 1e-6), RMSNorm(32, 1e-6)
+    q_norm.weight = (torch.rand(32, generator=g) + 0.5).to(dtype)
+    k_norm.weight = (torch.rand(32, generator=g) + 0.5).to(dtype)
+    rope = RotaryConfig(head_dim=32, rotary_dim=32, max_position=64, base=10000.0, scaling=None)
+    qkv = (3 * torch.randn(7, (6 + 2 * 3) * 32, generator=g)).to(dtype)
+    positions = torch.tensor([0, 5, 1, 63, 7, 2, 30])
+    return qkv, q_norm, k_norm, rope, positions
+
+
+def _attention_inputs(qkv, q_norm, k_norm, rope, positions, fused: bool, monkeypatch):
+    """What AttentionLayer.forward hands the backend (q, k, v), with the fused kernel or
+    with the three steps; the kernel is made to apply on this CPU as it would on a GPU."""
+    from minisgl.layers import attention
+
+    seen: Dict[str, torch.Tensor] = {}
+
+    def backend_forward(q, k, v, layer_id, batch):
+        seen.update(q=q.clone(), k=k.clone(), v=v.clone())
+        return q
+
+    ctx = SimpleNamespace(batch=SimpleNamespace(positions=positions),
+                          attn_backend=SimpleNamespace(forward=backend_forward))  # fmt: skip
+    monkeypatch.setattr(attention, "get_global_ctx", lambda: ctx)
+    monkeypatch.setattr(attention, "flashinfer_for", lambda x: "kernels" if fused else None)
+    monkeypatch.setattr(ENV.FUSED_QK_NORM_ROPE, "value", fused)
+    layer = attention.AttentionLayer(0, 6, 3, 32, rope, q_norm, k_norm)
+    monkeypatch.setattr(layer.q_norm, "forward_inplace",  # the PyTorch code, not FlashInfer's
+                        lambda x: x.copy_(attention_norm(x, q_norm)))  # fmt: skip
+    monkeypatch.setattr(layer.k_norm, "forward_inplace",
+                        lambda x: x.copy_(attention_norm(x, k_norm)))  # fmt: skip
+    layer.forward(qkv.clone())
+    return seen
+
+
+def attention_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    from minisgl.layers.norm import rms_norm
+
+    return rms_norm(x, norm.weight, norm.eps)
+
+
+def test_the_fused_kernel_computes_the_norms_and_rope_of_the_three_steps(monkeypatch) -> None:
+    """float32: the attention layer hands the backend the same q and k (to rounding) whether
+    one Triton kernel or the norms and RoPE did the work, and v untouched."""
+    case = _qkv_case(torch.float32)
+    three = _attention_inputs(*case, fused=False, monkeypatch=monkeypatch)
+    one = _attention_inputs(*case, fused=True, monkeypatch=monkeypatch)
+    torch.testing.assert_close(one["q"], three["q"], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(one["k"], three["k"], rtol=1e-6, atol=1e-6)
+    assert torch.equal(one["v"], three["v"]) and torch.equal(one["v"], case[0][:, -3 * 32 :])
+    assert not torch.equal(one["q"].flatten(1), case[0][:, : 6 * 32])  # it did change q
+
+
+def test_in_16_bits_the_fused_kernel_rounds_once() -> None:
+    """bfloat16: the kernel's result is the float32 arithmetic on the same inputs, rounded
+    once (the three steps round after each), so within one bfloat16 step of it (on a GPU half
+    a step: Triton's CPU interpreter truncates where the GPU rounds to nearest)."""
+    from minisgl.kernel.triton.qk_norm_rope import qk_norm_rope_triton
+    from minisgl.layers.rotary import RotaryEmbedding
+
+    qkv, q_norm, k_norm, rope, positions = _qkv_case(torch.bfloat16, seed=1)
+    table = RotaryEmbedding(32, 32, 64, 10000.0)._cos_sin_cache
+    exact = qkv.float()
+    q, k, _ = exact.split([6 * 32, 3 * 32, 3 * 32], dim=-1)
+    for x, norm, heads in ((q, q_norm, 6), (k, k_norm, 3)):
+        view = x.view(7, heads, 32)
+        weight = norm.weight.float()
+        view.copy_(view * torch.rsqrt(view.pow(2).mean(-1, keepdim=True) + 1e-6) * weight)
+    RotaryEmbedding(32, 32, 64, 10000.0).forward(positions, q, k)
+    ours = qkv.clone()
+    q, k, _ = ours.split([6 * 32, 3 * 32, 3 * 32], dim=-1)
+    qk_norm_rope_triton(q, k, q_norm.weight, k_norm.weight, 1e-6, positions, table, 32)
+    step = exact.abs().clamp(min=2**-6) * 2**-7  # one bfloat16 step at each value's size
+    assert ((ours.float() - exact).abs() <= step).all()
+    assert torch.equal(ours[:, 9 * 32 :], qkv[:, 9 * 32 :])  # v untouched
+
+
+def test_the_fused_kernel_is_off_unless_asked_for_and_on_a_gpu(monkeypatch) -> None:
+    from minisgl.layers import attention
+
+    case = _qkv_case(torch.bfloat16)
+    layer = attention.AttentionLayer(0, 6, 3, 32, case[3], case[1], case[2])
+    assert not layer._fused_norms_and_rope(case[0])  # not asked for
+    monkeypatch.setattr(ENV.FUSED_QK_NORM_ROPE, "value", True)
+    assert not layer._fused_norms_and_rope(case[0])  # asked for, but a CPU tensor
+    monkeypatch.setattr(attention, "flashinfer_for", lambda x: "kernels")
+    assert layer._fused_norms_and_rope(case[0])
+    layer.k_norm = None  # a model without q/k norms (Llama) keeps RoPE alone
+    assert not layer._fused_norms_and_rope(case[0])
+
+
+def test_the_side_table_compares_every_engine_with_the_last() -> None:
+    """`bench_p1.py side --variant ...` runs this engine with and without a setting beside the
+    official one: each gets its ratio to the official engine, the last in the table."""
+    runs = {
+        "this engine": [{"tokens": 2100, "seconds": 0.1}, {"tokens": 2300, "seconds": 0.1}],
+        "this engine, fused": [{"tokens": 2420, "seconds": 0.1}],
+        "official": [{"tokens": 2000, "seconds": 0.1}],
+    }
+    with mock.patch("torch.cuda.get_device_name", lambda: "a GPU"):
+        table = bench_p1.runs_table(runs, bench_p1.workload_limit(), "Ratio this / official")
+        two = bench_p1.runs_table(
+            {k: runs[k] for k in ("this engine", "official")}, bench_p1.workload_limit(), "R"
+        )
+    assert "| this engine | 21,000, 23,000 | 22,000 | 9.1% |" in table
+    assert "Ratios to official: this engine 1.100; this engine, fused 1.210." in table
+    assert "\nR: 1.100." in two

@@ -369,11 +369,14 @@ def print_result(result: Any) -> None:
     print(RESULT + json.dumps(result), flush=True)
 
 
-def run_in_child(name: str, profile: str | None = None) -> Dict:
-    """Configuration `name` of this engine in a fresh process; `profile` "host" or "kernels"
-    adds the scheduler's timers or the GPU's kernel times to the result."""
+def run_in_child(name: str, profile: str | None = None, env: Dict[str, str] | None = None) -> Dict:
+    """Configuration `name` of this engine in a fresh process (with `env` added to its
+    environment); `profile` "host" or "kernels" adds the scheduler's timers or the GPU's
+    kernel times to the result."""
     return run_for_result(
-        [__file__, "--child", name, *(["--profile", profile] if profile else [])], RUN_TIMEOUT_S
+        [__file__, "--child", name, *(["--profile", profile] if profile else [])],
+        RUN_TIMEOUT_S,
+        env,
     )
 
 

@@ -219,9 +219,13 @@ def runs_table(runs: Dict[str, List[Dict]], result: Limit, ratio: str) -> str:
             f"| {label} | {', '.join(f'{r:,.0f}' for r in rates)} | {means[label]:,.0f} | "
             f"{spread:.1%} | {means[label] / result.tokens_per_s:.0%} |"
         )
-    first, second = means.values()
+    *others, (last, base) = means.items()  # the last engine is the one compared with
+    if len(others) == 1:
+        ratios = f"{ratio}: {others[0][1] / base:.3f}"
+    else:
+        ratios = f"Ratios to {last}: " + "; ".join(f"{k} {m / base:.3f}" for k, m in others)
     return (
-        "\n".join(rows) + f"\n\n{ratio}: {first / second:.3f}. The limit: {result.seconds:.2f} s, "
+        "\n".join(rows) + f"\n\n{ratios}. The limit: {result.seconds:.2f} s, "
         f"{result.tokens_per_s:,.0f} output tokens/s ({H200.name}). Measured on one "
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"{sum(len(r) for r in runs.values())} runs alternating.\n"
@@ -257,31 +261,41 @@ def ab(before: str, after: str, rounds: int, out: Path) -> None:
     print(out.read_text())
 
 
-def engines(source: Path | None, site: Path | None) -> Dict[str, Callable[..., Dict]]:
-    """label -> run(profile=None): this checkout's engine and, given its sources, upstream's."""
+def engines(
+    source: Path | None, site: Path | None, variants: List[str] | None = None
+) -> Dict[str, Callable[..., Dict]]:
+    """label -> run(profile=None): this checkout's engine, each of its `variants` ("LABEL:
+    NAME=VALUE,...": the engine with those environment variables), and, given its sources,
+    upstream's."""
     from tools.bench_gpu import run_in_child, run_official_in_child
 
     runs: Dict[str, Callable[..., Dict]] = {
         "this engine": functools.partial(run_in_child, "fi-graphs")
     }
+    for variant in variants or []:
+        label, _, settings = variant.partition(":")
+        env = dict(setting.split("=", 1) for setting in settings.split(","))
+        runs[f"this engine, {label}"] = functools.partial(run_in_child, "fi-graphs", env=env)
     if source is not None:
         runs["official mini-sglang"] = functools.partial(run_official_in_child, source, site)
     return runs
 
 
-def side(source: Path, site: Path | None, rounds: int, out: Path) -> None:
-    runs = alternate(engines(source, site), rounds)
+def side(source: Path, site: Path | None, rounds: int, out: Path, variants: List[str]) -> None:
+    runs = alternate(engines(source, site, variants), rounds)
     out.write_text(runs_table(runs, workload_limit(), "Ratio this engine / official"))
     print(out.read_text())
 
 
-def profile(source: Path | None, site: Path | None, out: Path, only: List[str]) -> None:
+def profile(
+    source: Path | None, site: Path | None, out: Path, only: List[str], variants: List[str]
+) -> None:
     """Two profiled runs of each engine: the GPU's kernels by part, and the host's functions
     (ms per scheduler turn). The results go to out's .json, the tables to out."""
     import torch
 
     results: Dict[str, Dict] = {}
-    for label, run in engines(source, site).items():
+    for label, run in engines(source, site, variants).items():
         if only and label not in only:
             continue
         results[label] = dict(
@@ -504,6 +518,11 @@ def main() -> None:
     parser.add_argument("--only", help="profile: these engines' labels, comma-separated")
     parser.add_argument("--from-json", type=Path, help="profile: redo the tables from this")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--variant", action="append", default=[],
+        help='side, profile: also this engine with settings, e.g. '
+        '"fused q/k norms and RoPE:MINISGL_FUSED_QK_NORM_ROPE=1"',
+    )  # fmt: skip
     args = parser.parse_args()
     if args.what == "limit":
         show_limit(workload_limit())
@@ -512,7 +531,7 @@ def main() -> None:
     elif args.what == "side":
         if args.official is None:
             parser.error("side needs --official: a folder holding upstream's minisgl package")
-        side(args.official, args.official_site, args.rounds, args.out or SIDE_OUT)
+        side(args.official, args.official_site, args.rounds, args.out or SIDE_OUT, args.variant)
     elif args.what == "attention":
         attention(args.out or ATTENTION_OUT)
     elif args.what == "attention-run":
@@ -524,7 +543,7 @@ def main() -> None:
                 profile_tables(json.loads(args.from_json.read_text()))
             )
         else:
-            profile(args.official, args.official_site, args.out or PROFILE_OUT, only)
+            profile(args.official, args.official_site, args.out or PROFILE_OUT, only, args.variant)
 
 
 if __name__ == "__main__":

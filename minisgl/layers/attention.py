@@ -14,9 +14,11 @@ import torch
 
 from minisgl.core import get_global_ctx
 from minisgl.distributed import tp_info_or_one
+from minisgl.env import ENV
 from minisgl.utils import div_even
 
 from .base import StateLessOP
+from .gpu import flashinfer_for
 from .rotary import get_rope
 
 if TYPE_CHECKING:
@@ -56,11 +58,30 @@ class AttentionLayer(StateLessOP):
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
         ctx = get_global_ctx()
         q, k, v = qkv.split([self.qo_attn_dim, self.kv_attn_dim, self.kv_attn_dim], dim=-1)
-        if self.q_norm is not None:
-            self.q_norm.forward_inplace(q.view(-1, self.num_qo_heads, self.head_dim))
-        if self.k_norm is not None:
-            self.k_norm.forward_inplace(k.view(-1, self.num_kv_heads, self.head_dim))
-        q, k = self.rotary.forward(ctx.batch.positions, q, k)
+        if self._fused_norms_and_rope(q):
+            from minisgl.kernel.triton.qk_norm_rope import qk_norm_rope_triton
+
+            assert self.q_norm is not None and self.k_norm is not None
+            table = self.rotary._cos_sin_cache  # [max position, cos | sin], float32
+            qk_norm_rope_triton(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+                                ctx.batch.positions, table, self.head_dim)  # fmt: skip
+        else:
+            if self.q_norm is not None:
+                self.q_norm.forward_inplace(q.view(-1, self.num_qo_heads, self.head_dim))
+            if self.k_norm is not None:
+                self.k_norm.forward_inplace(k.view(-1, self.num_kv_heads, self.head_dim))
+            q, k = self.rotary.forward(ctx.batch.positions, q, k)
         q = q.view(-1, self.num_qo_heads, self.head_dim)
         o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
         return o.view(-1, self.qo_attn_dim)
+
+    def _fused_norms_and_rope(self, q: torch.Tensor) -> bool:
+        """Project P1's one kernel for both norms and RoPE: asked for (ENV), with both norms,
+        on a GPU in 16 bits (where FlashInfer's three kernels would run otherwise)."""
+        return (
+            ENV.FUSED_QK_NORM_ROPE
+            and self.q_norm is not None
+            and self.k_norm is not None
+            and self.q_norm.eps == self.k_norm.eps
+            and flashinfer_for(q) is not None
+        )

@@ -1,0 +1,86 @@
+"""Settings read from MINISGL_* environment variables, once, at import.
+
+    ENV.DISABLE_OVERLAP_SCHEDULING   MINISGL_DISABLE_OVERLAP_SCHEDULING=1 runs the plain loop
+    ENV.DISABLE_CUSTOM_KERNELS       MINISGL_DISABLE_CUSTOM_KERNELS=1 runs chapter 19's kernels'
+                                     PyTorch references instead (chapter 21's ablation)
+
+A value that does not parse keeps the default (and says so on stderr). Later chapters add
+their own settings here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+MINISGL_ENV_PREFIX = "MINISGL_"
+
+
+class BaseEnv:
+    def _init(self, name: str) -> None:
+        raise NotImplementedError
+
+
+class EnvVar(BaseEnv, Generic[T]):
+    def __init__(self, default_value: T, fn: Callable[[str], T]) -> None:
+        self.value = default_value
+        self.fn = fn
+
+    def _init(self, name: str) -> None:
+        raw = os.getenv(name)
+        if raw is None:
+            return
+        try:
+            self.value = self.fn(raw)
+        except (ValueError, KeyError) as e:
+            print(f"minisgl: ignoring {name}={raw!r} ({e})", file=sys.stderr)
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+def _to_bool(text: str) -> bool:
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+def EnvBool(default_value: bool) -> EnvVar[bool]:
+    return EnvVar(default_value, _to_bool)
+
+
+def EnvInt(default_value: int) -> EnvVar[int]:
+    return EnvVar(default_value, int)
+
+
+def EnvFloat(default_value: float) -> EnvVar[float]:
+    return EnvVar(default_value, float)
+
+
+class EnvClassSingleton:
+    _instance: EnvClassSingleton | None = None
+
+    DISABLE_OVERLAP_SCHEDULING = EnvBool(False)
+    DISABLE_CUSTOM_KERNELS = EnvBool(False)
+    # how the shell (python -m minisgl.shell, chapter 15) samples its answers
+    SHELL_MAX_TOKENS = EnvInt(2048)
+    SHELL_TOP_K = EnvInt(-1)
+    SHELL_TOP_P = EnvFloat(1.0)
+    SHELL_TEMPERATURE = EnvFloat(0.6)
+
+    def __new__(cls) -> EnvClassSingleton:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __init__(self) -> None:
+        for name in dir(type(self)):
+            value = getattr(self, name)
+            if isinstance(value, BaseEnv):
+                value._init(MINISGL_ENV_PREFIX + name)
+
+
+ENV = EnvClassSingleton()

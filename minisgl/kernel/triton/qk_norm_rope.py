@@ -1,0 +1,114 @@
+"""Qwen3's per-head q and k norms and RoPE, in one kernel (project P1).
+
+On a GPU the attention layer normalises q (one FlashInfer launch), then k (another), then
+rotates both (a third). Each is a few microseconds over a few hundred kilobytes at decode, so
+the launches cost more than the arithmetic: 28 layers x 3 launches per decode step. This
+kernel does the three in one launch, reading q and k once and writing them once, in place.
+
+Program t takes token t: its q heads as one [heads, head_dim / 2] block per half of the head
+dimension, then its k heads the same way. For each head: the mean of the squares over the
+whole head, the norm's weight, then the rotation of each pair (x[i], x[i + d/2]) by the angle
+of the token's position, read from the engine's table [cos | sin] (layers/rotary.py). The sums
+and the rotation are in float32 and the result is rounded once; FlashInfer's two kernels round
+between the norm and the rotation. On a CPU it runs under ``TRITON_INTERPRET=1`` (the tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _norm_rope_heads(
+    x_ptr,
+    row_stride,
+    weight_ptr,
+    cos_sin_row_ptr,
+    token,
+    eps,
+    NUM_HEADS: tl.constexpr,
+    BLOCK_HEADS: tl.constexpr,  # a power of two >= NUM_HEADS
+    HALF: tl.constexpr,  # head_dim / 2, a power of two
+):
+    heads = tl.arange(0, BLOCK_HEADS)[:, None]
+    columns = tl.arange(0, HALF)[None, :]
+    mask = heads < NUM_HEADS
+    first_ptr = x_ptr + token.to(tl.int64) * row_stride + heads * (2 * HALF) + columns
+    first = tl.load(first_ptr, mask=mask).to(tl.float32)
+    second = tl.load(first_ptr + HALF, mask=mask).to(tl.float32)
+    mean_square = (tl.sum(first * first, axis=1) + tl.sum(second * second, axis=1)) / (2 * HALF)
+    scale = (1.0 / tl.sqrt(mean_square + eps))[:, None]
+    first = first * scale * tl.load(weight_ptr + columns).to(tl.float32)
+    second = second * scale * tl.load(weight_ptr + HALF + columns).to(tl.float32)
+    cos = tl.load(cos_sin_row_ptr + columns)
+    sin = tl.load(cos_sin_row_ptr + HALF + columns)
+    out_dtype = x_ptr.dtype.element_ty
+    tl.store(first_ptr, (first * cos - second * sin).to(out_dtype), mask=mask)
+    tl.store(first_ptr + HALF, (second * cos + first * sin).to(out_dtype), mask=mask)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    q_ptr,
+    k_ptr,
+    q_stride,  # elements from one token's q to the next (the qkv row)
+    k_stride,
+    q_weight_ptr,
+    k_weight_ptr,
+    positions_ptr,
+    cos_sin_ptr,
+    cos_sin_stride,
+    eps,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_K_HEADS: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HALF: tl.constexpr,
+):
+    token = tl.program_id(0)
+    position = tl.load(positions_ptr + token).to(tl.int64)
+    row = cos_sin_ptr + position * cos_sin_stride
+    _norm_rope_heads(q_ptr, q_stride, q_weight_ptr, row, token, eps, NUM_Q_HEADS, BLOCK_Q, HALF)
+    _norm_rope_heads(k_ptr, k_stride, k_weight_ptr, row, token, eps, NUM_K_HEADS, BLOCK_K, HALF)
+
+
+def qk_norm_rope_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_dim: int,
+) -> None:
+    """Normalise each head of q [n, q_heads * head_dim] and k [n, k_heads * head_dim] (views
+    of the qkv output: rows may be further apart than their width) with its weight, then
+    rotate it by its token's position, in place."""
+    n = q.shape[0]
+    half = head_dim // 2
+    assert half * 2 == head_dim and half == triton.next_power_of_2(half), head_dim
+    assert q.stride(1) == k.stride(1) == 1 and k.shape[0] == n == positions.shape[0]
+    assert cos_sin_cache.dtype == torch.float32 and cos_sin_cache.shape[1] == head_dim
+    if n == 0:
+        return
+    q_heads, k_heads = q.shape[1] // head_dim, k.shape[1] // head_dim
+    _qk_norm_rope_kernel[(n,)](
+        q,
+        k,
+        q.stride(0),
+        k.stride(0),
+        q_weight,
+        k_weight,
+        positions,
+        cos_sin_cache,
+        cos_sin_cache.stride(0),
+        eps,
+        NUM_Q_HEADS=q_heads,
+        NUM_K_HEADS=k_heads,
+        BLOCK_Q=triton.next_power_of_2(q_heads),
+        BLOCK_K=triton.next_power_of_2(k_heads),
+        HALF=half,
+    )
