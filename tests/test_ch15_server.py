@@ -150,6 +150,30 @@ def test_max_tokens_zero_and_the_default_of_text_completions(client) -> None:
     assert answer.usage.completion_tokens == 16  # OpenAI's default for text completions
 
 
+def test_an_eos_at_the_end_is_a_stop_only_for_a_request_that_does_not_ignore_it() -> None:
+    """The tokenizer reports "stop" when a request's last token is the EOS. With ignore_eos
+    that token is chance: the request ran out of max_tokens, and says "length"."""
+    import asyncio
+
+    from minisgl.core import SamplingParams
+    from minisgl.message import UserReply
+    from minisgl.server.api_server import FrontendManager, RequestState
+
+    def reason(ignore_eos: bool) -> str:
+        manager = FrontendManager.__new__(FrontendManager)  # no sockets: pieces reads a queue
+        manager.requests = {}
+        state = RequestState(0, SamplingParams(max_tokens=1, ignore_eos=ignore_eos))
+        state.replies.put_nowait(UserReply(0, "", finished=True, finish_reason="stop"))
+
+        async def read() -> None:
+            assert [p async for p in manager.pieces(state, [])] == []
+
+        asyncio.run(read())
+        return state.finish_reason
+
+    assert (reason(ignore_eos=False), reason(ignore_eos=True)) == ("stop", "length")
+
+
 BAD: List[Tuple[str, object, str, str | None]] = [
     ("/v1/completions", "{prompt: hi", "not valid JSON", None),
     ("/v1/completions", {"max_tokens": 4}, "prompt: Field required", "prompt"),

@@ -199,7 +199,10 @@ class FrontendManager:
                 await self.abort(state)
                 return
             if reply.finished:
-                state.finish_reason = reply.finish_reason or "length"
+                # the tokenizer says "stop" when the last token is the EOS; for a request that
+                # ignores the EOS that is chance, and its budget ended it
+                eos_ends = not state.params.ignore_eos
+                state.finish_reason = (reply.finish_reason if eos_ends else None) or "length"
                 metrics.END_TO_END.observe(time.perf_counter() - state.arrived)
                 self.done(state)
                 if len(text) > shown:
