@@ -9,6 +9,7 @@ engine before and after the project and beside the official one, and where the t
                                             # where the time goes, in both: p1-profile.md
     python tools/bench_p1.py attention      # the decode attention kernel alone
     python tools/bench_p1.py attention-run  # ... at the shapes of the run's decode steps
+    python tools/bench_p1.py norms-rope     # the fused q/k norms and RoPE against FlashInfer
 
 **limit.** A lower bound on the time of the workload on one H200, from three facts of the
 hardware and the shapes alone: a prefill is bound by arithmetic (two FLOPs per weight per
@@ -37,6 +38,12 @@ by side. `--from-json` makes the tables again from a run's saved results.
 **attention, attention-run.** FlashInfer's decode attention for one layer, timed with CUDA
 events: in the variants the engine could use at three full shapes, and at the shapes of the
 workload's own decode steps.
+
+**norms-rope.** The q and k norms and RoPE of one layer of Qwen3-0.6B's shape, in bfloat16: as
+FlashInfer's three kernels and as the book's one Triton kernel, at decode and prefill token
+counts. First the two results are compared (the largest difference, in bfloat16 steps), then
+each is timed as a CUDA graph of 20 calls (a decode step is replayed as a graph: the launches
+cost what they cost there, not what the host pays to issue them).
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ SIDE_OUT = ROOT / "docs" / "data" / "p1-side.md"
 PROFILE_OUT = ROOT / "docs" / "data" / "p1-profile.md"
 ATTENTION_OUT = ROOT / "docs" / "data" / "p1-attention.md"
 ATTENTION_RUN_OUT = ROOT / "docs" / "data" / "p1-attention-run.md"
+NORMS_ROPE_OUT = ROOT / "docs" / "data" / "p1-norms-rope.md"
 RUN_TIMEOUT_S = 150  # one benchmark run: imports, start-up, warm-up and about 7 s timed
 
 
@@ -375,6 +383,53 @@ def gpu_microseconds(run: Callable[[], object], warm_up: int, repeat: int) -> fl
     return start.elapsed_time(end) * 1e3 / repeat
 
 
+def norms_rope(out: Path) -> None:
+    import flashinfer
+    import torch
+
+    from minisgl.kernel.triton.qk_norm_rope import qk_norm_rope_triton
+    from minisgl.layers.rotary import RotaryEmbedding
+    from tools.bench_kernels import gpu_microseconds as graph_microseconds
+
+    heads, kv_heads, head_dim, eps = 16, 8, 128, 1e-6
+    table = RotaryEmbedding(head_dim, head_dim, 40960, 1e6)._cos_sin_cache.cuda()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weights = [torch.rand(head_dim, generator=gen, device="cuda").bfloat16() + 0.5 for _ in "qk"]
+    rows = [
+        "| tokens | FlashInfer, 3 kernels, us | one Triton kernel, us | largest difference |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
+
+    def three(x: torch.Tensor, positions: torch.Tensor) -> None:
+        q, k = x[:, : heads * head_dim], x[:, heads * head_dim : (heads + kv_heads) * head_dim]
+        for part, n, w in ((q, heads, weights[0]), (k, kv_heads, weights[1])):
+            view = part.view(x.shape[0], n, head_dim)
+            flashinfer.rmsnorm(view, w, eps, out=view)
+        flashinfer.apply_rope_with_cos_sin_cache_inplace(
+            positions, q, k, head_dim, table, is_neox=True
+        )
+
+    def one(x: torch.Tensor, positions: torch.Tensor) -> None:
+        q, k = x[:, : heads * head_dim], x[:, heads * head_dim : (heads + kv_heads) * head_dim]
+        qk_norm_rope_triton(q, k, *weights, eps, positions, table, head_dim)
+
+    for tokens in (1, 64, 256, 8192):
+        width = (heads + 2 * kv_heads) * head_dim
+        qkv = torch.randn(tokens, width, generator=gen, device="cuda").bfloat16()
+        positions = torch.randint(0, 4096, (tokens,), generator=gen, device="cuda")
+        a, b = qkv.clone(), qkv.clone()
+        three(a, positions)
+        one(b, positions)
+        steps = ((a.float() - b.float()).abs() / (a.float().abs().clamp(min=2**-6) * 2**-7)).max()
+        times = [
+            graph_microseconds(functools.partial(f, qkv.clone(), positions)) for f in (three, one)
+        ]
+        rows.append(f"| {tokens} | {times[0]:.1f} | {times[1]:.1f} | {steps:.1f} bf16 steps |")
+        print(rows[-1], flush=True)
+    out.write_text("\n".join(rows) + f"\n\nOne {torch.cuda.get_device_name()}.\n")
+    print(out.read_text())
+
+
 def attention(out: Path) -> None:
     """One layer's decode attention of Qwen3-0.6B's shape (16 query and 8 key/value heads of
     128, bfloat16) with FlashInfer, in the variants the engine could use, at batch sizes and
@@ -508,7 +563,8 @@ def attention_over_the_run(out: Path, every: int = 64) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "what", choices=["limit", "ab", "side", "profile", "attention", "attention-run"]
+        "what",
+        choices=["limit", "ab", "side", "profile", "attention", "attention-run", "norms-rope"],
     )
     parser.add_argument("--before", default="22", help="the chapter before the project")
     parser.add_argument("--after", default="P1")
@@ -534,6 +590,8 @@ def main() -> None:
         side(args.official, args.official_site, args.rounds, args.out or SIDE_OUT, args.variant)
     elif args.what == "attention":
         attention(args.out or ATTENTION_OUT)
+    elif args.what == "norms-rope":
+        norms_rope(args.out or NORMS_ROPE_OUT)
     elif args.what == "attention-run":
         attention_over_the_run(args.out or ATTENTION_RUN_OUT)
     else:
