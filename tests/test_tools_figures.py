@@ -91,3 +91,20 @@ def test_the_module_maps_badges_link_to_the_written_chapters(tmp_path: Path) -> 
     # the written ones, all, and no link for a chapter not written yet
     assert set(links) == {pages[c] for c in badges if c in pages}
     assert all((ROOT / "docs" / f"{link}.md").exists() for link in links)
+
+
+def test_the_profile_plot_is_drawn_from_the_measurements(tmp_path) -> None:
+    """docs/figures/p1-profile.svg: the same SVG from the same JSON, one bar per engine, the
+    limit named in its legend."""
+    import xml.etree.ElementTree as ET
+
+    from tools import bench_p1, plot_benchmarks
+
+    data = bench_p1.ROOT / "docs" / "data"  # the repository's: chapter trees have no docs/
+    first = plot_benchmarks.plot_profile(data, tmp_path).read_bytes()
+    assert plot_benchmarks.plot_profile(data, tmp_path).read_bytes() == first
+    assert ET.fromstring(first).tag.endswith("svg")
+    text = first.decode()
+    limit = bench_p1.workload_limit().seconds
+    assert f"the limit, {limit:.2f} s" in text
+    assert "this engine" in text and "official mini-sglang" in text

@@ -317,18 +317,24 @@ def profile(
     print(out.read_text())
 
 
-def profile_tables(results: Dict[str, Dict]) -> str:
-    """The tables of `profile`'s results. The GPU's busy share is the kernels' time over the
-    wall time of the run with timers (the profiler's own run is slower: it records every
-    launch)."""
+def gpu_parts(results: Dict[str, Dict]) -> Dict[str, Dict[str, float]]:
+    """engine -> part -> seconds of GPU time in `profile`'s kernel run (chapter 21's parts)."""
     from tools.bench_ablation import gpu_part
 
-    labels = list(results)
-    parts: Dict[str, Dict[str, float]] = {label: {} for label in labels}
+    parts: Dict[str, Dict[str, float]] = {label: {} for label in results}
     for label, result in results.items():
         for name, seconds in result["kernels"]["kernels"].items():
             part = gpu_part(name)
             parts[label][part] = parts[label].get(part, 0.0) + seconds
+    return parts
+
+
+def profile_tables(results: Dict[str, Dict]) -> str:
+    """The tables of `profile`'s results. The GPU's busy share is the kernels' time over the
+    wall time of the run with timers (the profiler's own run is slower: it records every
+    launch)."""
+    labels = list(results)
+    parts = gpu_parts(results)
     order = sorted(parts[labels[0]], key=lambda part: -parts[labels[0]][part])
     gpu_rows = ["| GPU time, s | " + " | ".join(labels) + " |", "| --- |" + " ---: |" * len(labels)]
     for part in order:

@@ -343,10 +343,10 @@ def render_figure(figure: re.Match, depth: int) -> str:
         from tools import plot_benchmarks
         from tools.figures import FIGURES
 
-        plots = {"ch21-batch": plot_benchmarks.plot_batch, "ch21-split": plot_benchmarks.plot_split}
-        if path.stem in plots:  # matplotlib's, from the measurements
+        if path.stem in plot_benchmarks.PLOTS:  # matplotlib's, from the measurements
             with tempfile.TemporaryDirectory() as out:
-                svg = plots[path.stem](ROOT / "docs" / "data", Path(out)).read_text()
+                plot = plot_benchmarks.PLOTS[path.stem]
+                svg = plot(ROOT / "docs" / "data", Path(out)).read_text()
         else:
             svg = FIGURES[path.stem]()
     href = "../" * depth + figure["path"]

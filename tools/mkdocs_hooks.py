@@ -1,7 +1,7 @@
 """MkDocs hooks for the handbook (listed under ``hooks:`` in mkdocs.yml).
 
-``on_pre_build`` draws the figures (the package tools/figures/, and chapter 21's plots with
-tools/plot_benchmarks.py) into ``<docs_dir>/figures/``
+``on_pre_build`` draws the figures (the package tools/figures/, and the plots of chapter 21 and
+project P1 with tools/plot_benchmarks.py) into ``<docs_dir>/figures/``
 before any page is read, so that the pages' ``--8<-- "docs/figures/NAME.svg"``
 includes find them. The figures are generated on every build and never committed.
 """
@@ -41,14 +41,11 @@ def on_pre_build(config: MkDocsConfig, **kwargs: object) -> None:
     _reload_figures()
     out_dir = Path(config["docs_dir"]) / "figures"
     paths = figures.generate(out_dir)
-    # chapter 21's plots, from the measurements in docs/data (matplotlib)
+    # chapter 21's and project P1's plots, from the measurements in docs/data (matplotlib)
     from tools import plot_benchmarks
 
     data_dir = Path(config["docs_dir"]) / "data"
-    paths += [
-        plot_benchmarks.plot_batch(data_dir, out_dir),
-        plot_benchmarks.plot_split(data_dir, out_dir),
-    ]
+    paths += [plot(data_dir, out_dir) for plot in plot_benchmarks.PLOTS.values()]
     log.info("figures: %d SVG files in %s", len(paths), out_dir)
     # the animations run the engine to record their frames: only those missing or stale
     recorded = animations.generate(Path(config["docs_dir"]) / "animations", only_stale=True)

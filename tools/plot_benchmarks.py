@@ -1,13 +1,16 @@
-"""Chapter 21's plots, drawn with matplotlib from the measurements in docs/data:
+"""Chapter 21's and project P1's plots, drawn with matplotlib from the measurements in
+docs/data:
 
-    python tools/plot_benchmarks.py    # docs/figures/ch21-batch.svg, docs/figures/ch21-split.svg
+    python tools/plot_benchmarks.py    # docs/figures/ch21-batch.svg, ch21-split.svg, p1-profile.svg
 
 (`mkdocs build` draws them too, like every figure: docs/figures/ is not committed.)
 
 * ch21-batch.svg: generated tokens per second against the number of requests decoding at once
   (tools/bench_ablation.py batch), one panel per device that has measurements;
 * ch21-split.svg: a decode step's milliseconds split into parts, one bar per batch size
-  (tools/bench_ablation.py split).
+  (tools/bench_ablation.py split);
+* p1-profile.svg: each engine's GPU time over the whole offline workload, by part, with the
+  wall time of its run and the workload's physical limit (tools/bench_p1.py profile, limit).
 
 The SVG files are deterministic for given data: no date in their metadata, fixed element ids.
 """
@@ -122,14 +125,50 @@ def plot_split(data: Path, out: Path) -> Path:
     return path
 
 
+def plot_profile(data: Path, out: Path) -> Path:
+    from tools.bench_p1 import gpu_parts, workload_limit
+
+    results = json.loads((data / "p1-profile.json").read_text())
+    parts = gpu_parts(results)
+    unknown = {p for by_part in parts.values() for p in by_part} - set(PART_ORDER)
+    assert not unknown, f"parts without a colour: {unknown}"
+    labels = list(results)
+    fig, ax = plt.subplots(figsize=(7.5, 1.4 + 0.5 * len(labels)))
+    lefts = [0.0] * len(labels)
+    for part, colour in zip(PART_ORDER, COLOURS):
+        widths = [parts[label].get(part, 0.0) for label in labels]
+        if not any(widths):
+            continue
+        ax.barh(labels, widths, left=lefts, label=part, color=colour, height=0.5)
+        lefts = [a + b for a, b in zip(lefts, widths)]
+    walls = [results[label]["host"]["seconds"] for label in labels]
+    ax.scatter(walls, labels, marker="|", s=600, color="black", zorder=3,
+               label="wall time of the run")  # fmt: skip
+    limit = workload_limit().seconds
+    ax.axvline(limit, color="black", linestyle="--", linewidth=1,
+               label=f"the limit, {limit:.2f} s")  # fmt: skip
+    ax.set_xlim(0, max(walls) * 1.05)
+    ax.invert_yaxis()  # the first engine on top, as in the table
+    ax.set_xlabel("seconds of the timed run: GPU time by part")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), markerscale=0.5)
+    path = out / "p1-profile.svg"
+    save(fig, path)
+    return path
+
+
+# name -> the function that draws docs/figures/<name>.svg from a folder of measurements
+PLOTS = {"ch21-batch": plot_batch, "ch21-split": plot_split, "p1-profile": plot_profile}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--out", type=Path, default=FIGURES)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    for path in (plot_batch(args.data, args.out), plot_split(args.data, args.out)):
-        print(f"wrote {path}")
+    for plot in PLOTS.values():
+        print(f"wrote {plot(args.data, args.out)}")
     return 0
 
 
