@@ -5,7 +5,7 @@
                                      PyTorch references instead (chapter 21's ablation)
     ENV.FUSED_QK_NORM_ROPE           MINISGL_FUSED_QK_NORM_ROPE=1 does Qwen3's q/k norms and RoPE
                                      in one Triton kernel on a GPU (project P1; off until
-                                     measured on one)
+                                     its error is compared with FlashInfer's there)
 
 A value that does not parse keeps the default (and says so on stderr). Later chapters add
 their own settings here.
