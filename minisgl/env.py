@@ -3,9 +3,9 @@
     ENV.DISABLE_OVERLAP_SCHEDULING   MINISGL_DISABLE_OVERLAP_SCHEDULING=1 runs the plain loop
     ENV.DISABLE_CUSTOM_KERNELS       MINISGL_DISABLE_CUSTOM_KERNELS=1 runs chapter 19's kernels'
                                      PyTorch references instead (chapter 21's ablation)
-    ENV.FUSED_QK_NORM_ROPE           MINISGL_FUSED_QK_NORM_ROPE=1 does Qwen3's q/k norms and RoPE
-                                     in one Triton kernel on a GPU (project P1; off until
-                                     its error is compared with FlashInfer's there)
+    ENV.FUSED_QK_NORM_ROPE           Qwen3's q/k norms and RoPE in one Triton kernel on a GPU
+                                     in 16 bits (project P1); MINISGL_FUSED_QK_NORM_ROPE=0 runs
+                                     FlashInfer's three kernels instead
 
 A value that does not parse keeps the default (and says so on stderr). Later chapters add
 their own settings here.
@@ -68,7 +68,7 @@ class EnvClassSingleton:
 
     DISABLE_OVERLAP_SCHEDULING = EnvBool(False)
     DISABLE_CUSTOM_KERNELS = EnvBool(False)
-    FUSED_QK_NORM_ROPE = EnvBool(False)
+    FUSED_QK_NORM_ROPE = EnvBool(True)
     # how the shell (python -m minisgl.shell, chapter 15) samples its answers
     SHELL_MAX_TOKENS = EnvInt(2048)
     SHELL_TOP_K = EnvInt(-1)

@@ -3,7 +3,11 @@ they compute; and the arithmetic of the workload's physical limit."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Dict, List
 from unittest import mock
@@ -358,16 +362,26 @@ def test_in_16_bits_the_fused_kernel_rounds_once() -> None:
     assert torch.equal(ours[:, 9 * 32 :], qkv[:, 9 * 32 :])  # v untouched
 
 
-def test_the_fused_kernel_is_off_unless_asked_for_and_on_a_gpu(monkeypatch) -> None:
+def test_the_fused_kernel_runs_on_a_gpu_unless_turned_off(monkeypatch) -> None:
     from minisgl.layers import attention
 
+    def default(**env: str) -> str:  # the setting as a fresh process reads it
+        code = "from minisgl.env import ENV; print(ENV.FUSED_QK_NORM_ROPE)"
+        environ = {k: v for k, v in os.environ.items() if k != "MINISGL_FUSED_QK_NORM_ROPE"}
+        return subprocess.run([sys.executable, "-c", code], env={**environ, **env},
+                              capture_output=True, text=True, timeout=60,
+                              cwd=Path(__file__).parents[1]).stdout.strip()  # fmt: skip
+
+    assert default() == "True" and default(MINISGL_FUSED_QK_NORM_ROPE="0") == "False"
     case = _qkv_case(torch.bfloat16)
     layer = attention.AttentionLayer(0, 6, 3, 32, case[3], case[1], case[2])
-    assert not layer._fused_norms_and_rope(case[0])  # not asked for
     monkeypatch.setattr(ENV.FUSED_QK_NORM_ROPE, "value", True)
-    assert not layer._fused_norms_and_rope(case[0])  # asked for, but a CPU tensor
+    assert not layer._fused_norms_and_rope(case[0])  # a CPU tensor: the PyTorch code runs
     monkeypatch.setattr(attention, "flashinfer_for", lambda x: "kernels")
-    assert layer._fused_norms_and_rope(case[0])
+    assert layer._fused_norms_and_rope(case[0])  # as on a GPU in 16 bits
+    monkeypatch.setattr(ENV.FUSED_QK_NORM_ROPE, "value", False)  # MINISGL_FUSED_QK_NORM_ROPE=0
+    assert not layer._fused_norms_and_rope(case[0])
+    monkeypatch.setattr(ENV.FUSED_QK_NORM_ROPE, "value", True)
     layer.k_norm = None  # a model without q/k norms (Llama) keeps RoPE alone
     assert not layer._fused_norms_and_rope(case[0])
 
@@ -388,3 +402,31 @@ def test_the_side_table_compares_every_engine_with_the_last() -> None:
     assert "| this engine | 21,000, 23,000 | 22,000 | 9.1% |" in table
     assert "Ratios to official: this engine 1.100; this engine, fused 1.210." in table
     assert "\nR: 1.100." in two
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(dtype) -> None:
+    """The Triton decode kernel (chunks of at least 16 keys, at most 4 per request and head,
+    then merged) against softmax attention written out in float32, for ragged lengths: one
+    key, fewer than a chunk, exactly one chunk, and more keys than 4 chunks hold (longer
+    pieces); keys at scattered slots, two query heads per key/value head."""
+    from minisgl.kernel.triton.decode_attention import decode_attention_triton
+
+    gen = torch.Generator().manual_seed(0)
+    lengths, q_heads, kv_heads, head_dim = [1, 5, 16, 37, 64, 300], 4, 2, 32
+    k = torch.randn(600, kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(600, kv_heads, head_dim, generator=gen).to(dtype)
+    q = torch.randn(len(lengths), q_heads, head_dim, generator=gen).to(dtype)
+    indices = torch.randperm(600, generator=gen)[: sum(lengths)].to(torch.int32)
+    indptr = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+    out = decode_attention_triton(q, k, v, indptr, indices, splits=4, chunk=16, block_n=16)
+    for r in range(len(lengths)):
+        slots = indices[indptr[r] : indptr[r + 1]].long()
+        keys = k[slots].float().repeat_interleave(2, dim=1)
+        values = v[slots].float().repeat_interleave(2, dim=1)
+        scores = torch.einsum("hd,thd->ht", q[r].float(), keys) * head_dim**-0.5
+        expected = torch.einsum("ht,thd->hd", scores.softmax(-1), values)
+        if dtype == torch.float32:
+            torch.testing.assert_close(out[r], expected, rtol=1e-5, atol=1e-5)
+        else:  # the weights meet the values in bfloat16, the output is rounded once more
+            torch.testing.assert_close(out[r].float(), expected, rtol=0, atol=2e-2)

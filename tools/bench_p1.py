@@ -68,6 +68,7 @@ SIDE_OUT = ROOT / "docs" / "data" / "p1-side.md"
 PROFILE_OUT = ROOT / "docs" / "data" / "p1-profile.md"
 ATTENTION_OUT = ROOT / "docs" / "data" / "p1-attention.md"
 ATTENTION_RUN_OUT = ROOT / "docs" / "data" / "p1-attention-run.md"
+DECODE_KERNELS_OUT = ROOT / "docs" / "data" / "p1-decode-kernels.md"
 NORMS_ROPE_OUT = ROOT / "docs" / "data" / "p1-norms-rope.md"
 RUN_TIMEOUT_S = 150  # one benchmark run: imports, start-up, warm-up and about 7 s timed
 
@@ -587,11 +588,162 @@ def attention_over_the_run(out: Path, every: int = 64) -> None:
     print(out.read_text())
 
 
+def run_decode_shapes(every: int = 64):
+    """The decode steps of the workload, every `every`-th: (step, the keys of each request
+    still running, in the workload's order)."""
+    from minisgl.benchmark.offline import make_offline_workload
+
+    work = make_offline_workload()
+    prompt_lens = [len(prompt) for prompt in work.prompts]
+    output_lens = [params.max_tokens for params in work.sampling_params]
+    steps = [*range(1, max(output_lens) - 1, every), max(output_lens) - 1]
+    for step in steps:
+        yield step, [n + step for n, m in zip(prompt_lens, output_lens) if m > step]
+
+
+def flashinfer_decode(workspace, q, cache, contexts: List[int], slots, order: List[int] | None):
+    """FlashInfer's decode through the CUDA-graph wrapper, planned as the engine plans it
+    (pages of one slot), for the requests in `order` (all, as given, if None): the call, and
+    the rows of q it answers."""
+    import torch
+    from flashinfer import CUDAGraphBatchDecodeWithPagedKVCacheWrapper
+
+    requests = list(range(len(contexts))) if order is None else order
+    lengths = [contexts[r] for r in requests]
+    batch, total = len(lengths), sum(lengths)
+    wrapper = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+        workspace, kv_layout="NHD", use_tensor_cores=False,
+        indptr_buffer=torch.empty(batch + 1, dtype=torch.int32, device="cuda"),
+        indices_buffer=torch.empty(total, dtype=torch.int32, device="cuda"),
+        last_page_len_buffer=torch.empty(batch, dtype=torch.int32, device="cuda"),
+    )  # fmt: skip
+    wrapper._backend = "fa2"  # as the engine's (chapter 18)
+    heads, head_dim = q.shape[1:]
+    wrapper.plan(
+        indptr=torch.tensor([0] + lengths).cumsum(0).to(torch.int32),
+        indices=torch.cat([slots[r] for r in requests]).to(torch.int32).cuda(),
+        last_page_len=torch.ones(batch, dtype=torch.int32), num_qo_heads=heads,
+        num_kv_heads=cache.shape[2], head_dim=head_dim, page_size=1,
+        q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+    )  # fmt: skip
+    kv = (cache[0].unsqueeze(1), cache[1].unsqueeze(1))
+    return functools.partial(wrapper.run, q[requests], kv), requests
+
+
+DECODE_KERNELS = {  # label: (splits, chunk, block_n, num_warps, num_stages) for the Triton kernel
+    "Triton 8 x 256": (8, 256, 64, 4, 2),
+    "Triton 8 x 256, 3 stages": (8, 256, 64, 4, 3),
+    "Triton 8 x 256, n 32": (8, 256, 32, 4, 3),
+    "Triton 8 x 256, 8 warps": (8, 256, 128, 8, 3),
+    "Triton 16 x 128": (16, 128, 64, 4, 2),
+    "Triton 16 x 128, 3 stages": (16, 128, 64, 4, 3),
+    "Triton 8 x 512": (8, 512, 64, 4, 3),
+    "Triton 32 x 64": (32, 64, 64, 4, 2),
+}
+
+
+def decode_kernels(out: Path, every: int = 64) -> None:
+    """The decode attention at the shapes of the run's decode steps, by FlashInfer's decode
+    kernel (as the engine calls it: the CUDA-graph wrapper, the requests in the batch's order,
+    then longest first) and by the book's Triton kernel of equal chunks in several settings:
+    TB/s of keys and values read per step (GPU time in a CUDA graph), the largest difference
+    from FlashInfer's output, and the whole run's kernel time estimated (28 layers, steps in
+    between interpolated)."""
+    import torch
+
+    from minisgl.kernel.triton.decode_attention import decode_attention_triton
+    from tools.bench_kernels import gpu_microseconds as graph_microseconds
+
+    heads, kv_heads, head_dim, layers, page = 16, 8, 128, 28, 256
+    shapes = list(run_decode_shapes(every))
+    slots_max = max(sum(c) for _, c in shapes) + page * 256
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cache = torch.randn(2, slots_max, kv_heads, head_dim, generator=gen, device="cuda")
+    cache = cache.bfloat16()
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    labels = ["FlashInfer (now)", "FlashInfer, longest first", *DECODE_KERNELS]
+    times: Dict[str, List[float]] = {label: [] for label in labels}
+    worst: Dict[str, float] = {label: 0.0 for label in labels}
+    rows = [
+        "| step | batch | mean keys | " + " | ".join(labels) + " |",
+        "| ---: | ---: | ---: | " + " | ".join("---:" for _ in labels) + " |",
+    ]
+    for step, contexts in shapes:
+        batch, total = len(contexts), sum(contexts)
+        q = torch.randn(batch, heads, head_dim, generator=gen, device="cuda").bfloat16()
+        # each request's slots: whole pages of 256, pages in a random order (as allocated)
+        pages = [(n + page - 1) // page for n in contexts]
+        order = torch.randperm(sum(pages), generator=torch.Generator().manual_seed(step))
+        slots = [(own[:, None] * page + torch.arange(page)).view(-1)[:n]
+                 for own, n in zip(order.split(pages), contexts)]  # fmt: skip
+        longest = sorted(range(batch), key=lambda r: -contexts[r])
+
+        indptr = torch.tensor([0] + contexts).cumsum(0).to(torch.int32).cuda()
+        indices = torch.cat(slots).to(torch.int32).cuda()
+        calls = {
+            "FlashInfer (now)": flashinfer_decode(workspace, q, cache, contexts, slots, None),
+            "FlashInfer, longest first": flashinfer_decode(
+                workspace, q, cache, contexts, slots, longest
+            ),
+        }
+        for label, (splits, chunk, block_n, warps, stages) in DECODE_KERNELS.items():
+            calls[label] = (functools.partial(
+                decode_attention_triton, q, cache[0], cache[1], indptr, indices, splits=splits,
+                chunk=chunk, block_n=block_n, num_warps=warps, num_stages=stages,
+            ), list(range(batch)))  # fmt: skip
+        reference = torch.empty_like(q)
+        reference[calls["FlashInfer (now)"][1]] = calls["FlashInfer (now)"][0]()
+        cells = []
+        for label, (call, requests) in calls.items():
+            result = torch.empty_like(q)
+            result[requests] = call()
+            worst[label] = max(worst[label], (result - reference).abs().max().item())
+            us = graph_microseconds(call)
+            times[label].append(us)
+            cells.append(f"{2 * total * kv_heads * head_dim * 2 / us / 1e6:.2f}")
+        rows.append(f"| {step} | {batch} | {total / batch:.0f} | " + " | ".join(cells) + " |")
+        print(rows[-1], flush=True)
+
+    steps = [step for step, _ in shapes]
+
+    def whole_run(us: List[float]) -> float:  # seconds: 28 layers, every step, interpolated
+        seconds = 0.0
+        for (s0, t0), (s1, t1) in zip(zip(steps, us), zip(steps[1:], us[1:])):
+            seconds += (s1 - s0) * (t0 + t1) / 2 * layers / 1e6
+        return seconds + us[-1] * layers / 1e6
+
+    rows.append(
+        "| whole run, s | | | " + " | ".join(f"{whole_run(times[k]):.2f}" for k in labels) + " |"
+    )
+    rows.append(
+        "| largest difference | | | " + " | ".join(f"{worst[k]:.3g}" for k in labels) + " |"
+    )
+    notes = "; ".join(
+        f"{label}: {splits} programs per request and key/value head, each >= {chunk} keys, "
+        f"{block_n} at a time, {warps} warps, {stages} stages"
+        for label, (splits, chunk, block_n, warps, stages) in DECODE_KERNELS.items()
+    )
+    out.write_text(
+        "\n".join(rows) + "\n\nTB/s of keys and values read, from the GPU time of each kernel "
+        f"replayed in a CUDA graph. {notes}. One {torch.cuda.get_device_name()}.\n"
+    )
+    print(out.read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "what",
-        choices=["limit", "ab", "side", "profile", "attention", "attention-run", "norms-rope"],
+        choices=[
+            "limit",
+            "ab",
+            "side",
+            "profile",
+            "attention",
+            "attention-run",
+            "norms-rope",
+            "decode-kernels",
+        ],
     )
     parser.add_argument("--before", default="22", help="the chapter before the project")
     parser.add_argument("--after", default="P1")
@@ -604,7 +756,7 @@ def main() -> None:
     parser.add_argument(
         "--variant", action="append", default=[],
         help='side, profile: also this engine with settings, e.g. '
-        '"fused q/k norms and RoPE:MINISGL_FUSED_QK_NORM_ROPE=1"',
+        '"three kernels:MINISGL_FUSED_QK_NORM_ROPE=0"',
     )  # fmt: skip
     args = parser.parse_args()
     if args.what == "limit":
@@ -619,6 +771,8 @@ def main() -> None:
         attention(args.out or ATTENTION_OUT)
     elif args.what == "norms-rope":
         norms_rope(args.out or NORMS_ROPE_OUT)
+    elif args.what == "decode-kernels":
+        decode_kernels(args.out or DECODE_KERNELS_OUT)
     elif args.what == "attention-run":
         attention_over_the_run(args.out or ATTENTION_RUN_OUT)
     else:

@@ -1,0 +1,220 @@
+"""Decode attention over ragged lengths, split into chunks of equal size (project P1).
+
+At decode every request brings one query row per head and reads all its keys and values.
+FlashInfer's decode kernel gives each (request, key/value head) one thread block, and splits a
+request's keys only while the blocks fit in one wave on the GPU. With 256 requests of 100 to
+2,000 keys that wave is ragged: the blocks of the long requests run on after the short ones
+have left their SMs idle, and the kernel reads 3.1 to 3.6 TB/s where equal lengths reach 4.
+
+Here every request's keys are cut into chunks of CHUNK keys and each (request, key/value head,
+chunk) is one program, so every program reads at most CHUNK keys and the GPU's scheduler fills
+the SMs with many short programs instead of a few long ones. A program keeps the running
+maximum, the running sum and the weighted values of its chunk (the online softmax of chapter 7)
+and writes them with the chunk's log-sum-exp; a second kernel merges each request's chunks
+with weights exp(lse_c - lse), as a softmax over the whole row would have. The grid's third
+dimension is fixed by the longest request the caller allows, so a CUDA graph can replay it;
+programs past a request's last chunk return at once. On a CPU it runs under
+``TRITON_INTERPRET=1`` (the tests).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _piece(length, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    """The keys each program of a request takes: CHUNK, or more when the request's keys would
+    need more than SPLITS programs, rounded up to whole loads of BLOCK_N."""
+    size = tl.maximum(tl.cdiv(length, SPLITS), CHUNK)
+    return tl.cdiv(size, BLOCK_N) * BLOCK_N
+
+
+@triton.jit
+def _chunk_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    indptr_ptr,  # [batch + 1]: request r's keys are indices[indptr[r]:indptr[r + 1]]
+    indices_ptr,  # the key/value slot of each key
+    part_o_ptr,  # [batch, q_heads, max_chunks, head_dim] float32
+    part_lse_ptr,  # [batch, q_heads, max_chunks] float32, base 2
+    scale_log2,  # softmax scale x log2(e): the kernel uses exp2
+    q_stride_r,
+    q_stride_h,
+    k_stride_t,
+    k_stride_h,
+    v_stride_t,
+    v_stride_h,
+    GROUP: tl.constexpr,  # query heads per key/value head
+    BLOCK_H: tl.constexpr,  # GROUP padded to 16, the smallest tl.dot
+    HEAD_DIM: tl.constexpr,
+    CHUNK: tl.constexpr,  # the fewest keys a program takes (unless the request has fewer)
+    BLOCK_N: tl.constexpr,  # keys loaded at a time
+    SPLITS: tl.constexpr,  # programs per (request, key/value head)
+    UPCAST: tl.constexpr,  # products in float32: Triton's CPU interpreter gets bfloat16 wrong
+):
+    request = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    first = tl.load(indptr_ptr + request)
+    end = tl.load(indptr_ptr + request + 1)
+    size = _piece(end - first, CHUNK, BLOCK_N, SPLITS)
+    start = first + split * size
+    if start < end:
+        stop = tl.minimum(start + size, end)
+        group = tl.arange(0, BLOCK_H)
+        dims = tl.arange(0, HEAD_DIM)
+        head_mask = group < GROUP
+        heads = kv_head * GROUP + group
+        q = tl.load(
+            q_ptr + request * q_stride_r + heads[:, None] * q_stride_h + dims[None, :],
+            mask=head_mask[:, None],
+            other=0.0,
+        )
+        if UPCAST:
+            q = q.to(tl.float32)
+        best = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        total = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+        for offset in range(start, stop, BLOCK_N):
+            keys = offset + tl.arange(0, BLOCK_N)
+            key_mask = keys < stop
+            slots = tl.load(indices_ptr + keys, mask=key_mask, other=0).to(tl.int64)
+            k = tl.load(
+                k_ptr + slots[:, None] * k_stride_t + kv_head * k_stride_h + dims[None, :],
+                mask=key_mask[:, None],
+                other=0.0,
+            )
+            if UPCAST:
+                k = k.to(tl.float32)
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
+            scores = tl.where(key_mask[None, :], scores, float("-inf"))
+            new_best = tl.maximum(best, tl.max(scores, 1))
+            shrink = tl.exp2(best - new_best)
+            weights = tl.exp2(scores - new_best[:, None])
+            total = total * shrink + tl.sum(weights, 1)
+            v = tl.load(
+                v_ptr + slots[:, None] * v_stride_t + kv_head * v_stride_h + dims[None, :],
+                mask=key_mask[:, None],
+                other=0.0,
+            )
+            if UPCAST:
+                v = v.to(tl.float32)
+            acc = acc * shrink[:, None] + tl.dot(weights.to(v.dtype), v, input_precision="ieee")
+            best = new_best
+        row = (request * (GROUP * tl.num_programs(1)) + heads) * SPLITS + split
+        tl.store(
+            part_o_ptr + row[:, None] * HEAD_DIM + dims[None, :],
+            acc / total[:, None],
+            mask=head_mask[:, None],
+        )
+        tl.store(part_lse_ptr + row, best + tl.log2(total), mask=head_mask)
+
+
+@triton.jit
+def _merge_kernel(
+    part_o_ptr,
+    part_lse_ptr,
+    indptr_ptr,
+    out_ptr,
+    out_stride_r,
+    out_stride_h,
+    HEAD_DIM: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # SPLITS rounded up to a power of two
+):
+    request = tl.program_id(0)
+    head = tl.program_id(1)
+    length = tl.load(indptr_ptr + request + 1) - tl.load(indptr_ptr + request)
+    chunks = tl.arange(0, BLOCK_S)
+    chunk_mask = chunks < tl.cdiv(length, _piece(length, CHUNK, BLOCK_N, SPLITS))
+    row = (request * tl.num_programs(1) + head) * SPLITS + chunks
+    lse = tl.load(part_lse_ptr + row, mask=chunk_mask, other=float("-inf"))
+    best = tl.maximum(tl.max(lse, 0), -1e30)  # a request without keys gets zeros, not NaN
+    weights = tl.exp2(lse - best)
+    weights = weights / tl.maximum(tl.sum(weights, 0), 1e-30)
+    dims = tl.arange(0, HEAD_DIM)
+    o = tl.load(
+        part_o_ptr + row[:, None] * HEAD_DIM + dims[None, :], mask=chunk_mask[:, None], other=0.0
+    )
+    merged = tl.sum(o * weights[:, None], 0)
+    out = out_ptr + request * out_stride_r + head * out_stride_h + dims
+    tl.store(out, merged.to(out_ptr.dtype.element_ty))
+
+
+def decode_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    splits: int = 8,
+    chunk: int = 256,
+    sm_scale: float | None = None,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """One decode step's attention: q [batch, q_heads, head_dim], the caches [slots, kv_heads,
+    head_dim], request r's keys at slots indices[indptr[r]:indptr[r + 1]]. Each request's keys
+    go to at most `splits` programs per key/value head, each taking `chunk` keys or more.
+    Returns [batch, q_heads, head_dim] in q's dtype."""
+    batch, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    group = q_heads // kv_heads
+    assert group * kv_heads == q_heads and head_dim == triton.next_power_of_2(head_dim)
+    assert k_cache.stride(2) == v_cache.stride(2) == q.stride(2) == 1
+    assert chunk % block_n == 0, (chunk, block_n)
+    scale = sm_scale if sm_scale is not None else head_dim**-0.5
+    part_o = q.new_empty((batch, q_heads, splits, head_dim), dtype=torch.float32)
+    part_lse = q.new_empty((batch, q_heads, splits), dtype=torch.float32)
+    out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    _chunk_kernel[(batch, kv_heads, splits)](
+        q,
+        k_cache,
+        v_cache,
+        indptr,
+        indices,
+        part_o,
+        part_lse,
+        scale * math.log2(math.e),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        GROUP=group,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        CHUNK=chunk,
+        BLOCK_N=block_n,
+        SPLITS=splits,
+        UPCAST=os.environ.get("TRITON_INTERPRET") == "1",
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    _merge_kernel[(batch, q_heads)](
+        part_o,
+        part_lse,
+        indptr,
+        out,
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=head_dim,
+        CHUNK=chunk,
+        BLOCK_N=block_n,
+        SPLITS=splits,
+        BLOCK_S=triton.next_power_of_2(splits),
+    )
+    return out
