@@ -6,6 +6,10 @@
     ENV.FUSED_QK_NORM_ROPE           Qwen3's q/k norms and RoPE in one Triton kernel on a GPU
                                      in 16 bits (project P1); MINISGL_FUSED_QK_NORM_ROPE=0 runs
                                      FlashInfer's three kernels instead
+    ENV.TRITON_DECODE                decode attention by the Triton kernel of equal chunks on a
+                                     GPU where FlashInfer's plain decode kernel would run
+                                     (project P1); MINISGL_TRITON_DECODE=0 runs FlashInfer's
+                                     decode kernel instead
 
 A value that does not parse keeps the default (and says so on stderr). Later chapters add
 their own settings here.
@@ -69,6 +73,7 @@ class EnvClassSingleton:
     DISABLE_OVERLAP_SCHEDULING = EnvBool(False)
     DISABLE_CUSTOM_KERNELS = EnvBool(False)
     FUSED_QK_NORM_ROPE = EnvBool(True)
+    TRITON_DECODE = EnvBool(True)
     # how the shell (python -m minisgl.shell, chapter 15) samples its answers
     SHELL_MAX_TOKENS = EnvInt(2048)
     SHELL_TOP_K = EnvInt(-1)

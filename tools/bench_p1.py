@@ -631,14 +631,20 @@ def flashinfer_decode(workspace, q, cache, contexts: List[int], slots, order: Li
 
 
 DECODE_KERNELS = {  # label: (splits, chunk, block_n, num_warps, num_stages) for the Triton kernel
-    "Triton 8 x 256": (8, 256, 64, 4, 2),
-    "Triton 8 x 256, 3 stages": (8, 256, 64, 4, 3),
-    "Triton 8 x 256, n 32": (8, 256, 32, 4, 3),
-    "Triton 8 x 256, 8 warps": (8, 256, 128, 8, 3),
-    "Triton 16 x 128": (16, 128, 64, 4, 2),
-    "Triton 16 x 128, 3 stages": (16, 128, 64, 4, 3),
-    "Triton 8 x 512": (8, 512, 64, 4, 3),
-    "Triton 32 x 64": (32, 64, 64, 4, 2),
+    f"Triton {c[0]} x {c[1]}, n {c[2]}, {c[3]} warps, {c[4]} stages": c
+    for c in [
+        (8, 256, 64, 4, 3),
+        (8, 256, 64, 4, 4),
+        (8, 512, 64, 4, 4),
+        (8, 256, 64, 2, 3),
+        (8, 256, 128, 4, 3),
+        (8, 512, 128, 4, 3),
+        (16, 256, 64, 4, 3),
+        (4, 512, 64, 4, 3),
+        (8, 1024, 64, 4, 3),
+        (8, 256, 32, 2, 4),
+        (8, 512, 64, 8, 3),
+    ]
 }
 
 

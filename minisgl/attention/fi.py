@@ -13,6 +13,11 @@ page holds one token: the pool is viewed as [slots, 1, kv_heads, head_dim] and a
 For CUDA graphs (chapter 18) FlashInfer has a decode wrapper whose offsets, indices and last
 page lengths live in buffers given to it once: its `plan` copies a batch's values into them,
 and the kernels captured in the graph read them there. One such wrapper per captured size.
+
+Project P1: a decode batch whose query heads share a key/value head in groups of fewer than 4
+(where FlashInfer's plain decode kernel would run) runs the book's Triton kernel of equal
+chunks instead (kernel/triton/decode_attention.py), unless MINISGL_TRITON_DECODE=0. It reads
+the offsets and indices that FlashInfer's plan has put on the GPU, in the graphs' buffers too.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 
 from minisgl.core import Batch, get_global_ctx
 from minisgl.distributed import tp_info_or_one
+from minisgl.env import ENV
 from minisgl.utils import device as dev
 from minisgl.utils import div_even, init_logger
 
@@ -46,6 +52,8 @@ FlashInferWrapper = Union[
     "BatchPrefillWithPagedKVCacheWrapper", "BatchDecodeWithPagedKVCacheWrapper"
 ]
 
+# measured best on the H200 at the offline workload's shapes (tools/bench_p1.py decode-kernels)
+TRITON_DECODE_SETTINGS = dict(splits=8, chunk=256, block_n=64, num_warps=4, num_stages=3)
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's advice for its split-K scratch space
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # what a FlashInfer wrapper allocates for its plan
 
@@ -147,6 +155,12 @@ class FlashInferBackend(BaseAttnBackend):
         tensor cores; with fewer, the plain decode kernel is faster."""
         return self.config.num_qo_heads // self.config.num_kv_heads >= 4
 
+    @cached_property
+    def triton_decode(self) -> bool:
+        """Project P1: decode with the Triton kernel of equal chunks, on a GPU, wherever
+        FlashInfer's plain decode kernel would run (MINISGL_TRITON_DECODE=0: never)."""
+        return ENV.TRITON_DECODE and self.device.type == "cuda" and not self.use_tensor_cores
+
     def prepare_metadata(self, batch: Batch) -> None:
         reqs = batch.padded_reqs
         seqlens_q = [r.extend_len for r in reqs]
@@ -184,6 +198,17 @@ class FlashInferBackend(BaseAttnBackend):
         self._initialize_metadata_once(metadata)
         self.kvcache.store_kv(k, v, batch.out_loc, layer_id)
         k_cache, v_cache = self.kvcache.k_cache(layer_id), self.kvcache.v_cache(layer_id)
+        if self.triton_decode and _is_decode(metadata.wrapper):
+            from minisgl.kernel.triton.decode_attention import decode_attention_triton
+
+            # the offsets and slots that plan copied to the GPU (the graphs' buffers in a graph)
+            indptr, indices = (
+                metadata.wrapper._paged_kv_indptr_buf,
+                metadata.wrapper._paged_kv_indices_buf,
+            )
+            return decode_attention_triton(
+                q, _slots(k_cache), _slots(v_cache), indptr, indices, **TRITON_DECODE_SETTINGS
+            )
         return metadata.wrapper.run(
             q=q, paged_kv_cache=(_one_slot_pages(k_cache), _one_slot_pages(v_cache))
         )
@@ -297,6 +322,17 @@ def gather_key_slots(page_table: torch.Tensor, rows: List[int], lengths: List[in
     start_of_key = torch.repeat_interleave(starts, lengths_gpu, output_size=total)
     position = torch.arange(total, device=device) - start_of_key
     return page_table[row_of_key, position]
+
+
+def _is_decode(wrapper: FlashInferWrapper) -> bool:
+    from flashinfer import BatchDecodeWithPagedKVCacheWrapper
+
+    return isinstance(wrapper, BatchDecodeWithPagedKVCacheWrapper)
+
+
+def _slots(cache: torch.Tensor) -> torch.Tensor:
+    """[pages, page_size, kv_heads, head_dim] viewed as [slots, kv_heads, head_dim]."""
+    return cache.view(-1, cache.shape[2], cache.shape[3])
 
 
 def _one_slot_pages(cache: torch.Tensor) -> torch.Tensor:
