@@ -79,7 +79,8 @@ def record_steps(llm: LLM) -> List[Step]:
         forward_input = prepare(self, batch)
         lengths = [Lengths(r.cached_len, r.device_len, r.table_idx) for r in batch.padded_reqs]
         slots = forward_input.input_tuple[0]
-        steps.append(Step(batch.is_prefill, lengths, batch.positions.clone(), slots.clone()))
+        positions, slots = (t.to("cpu", copy=True) for t in (batch.positions, slots))
+        steps.append(Step(batch.is_prefill, lengths, positions, slots))  # on a GPU too
         return forward_input
 
     with mock.patch.object(scheduler.Scheduler, "_prepare_batch", watched):
