@@ -44,7 +44,10 @@ def moe_align_block_size(
     are as long as the worst case, so that their shapes do not depend on the routing."""
     flat = topk_ids.flatten().long()
     pairs = flat.numel()
-    counts = torch.bincount(flat, minlength=num_experts)
+    # not bincount: its output's length depends on the ids, so it waits for the GPU, and a
+    # CUDA graph (chapter 18) cannot capture a wait
+    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device)
+    counts.index_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_size - 1) // block_size * block_size
     padded_end = torch.cumsum(padded, 0)
     padded_start = padded_end - padded
