@@ -630,21 +630,12 @@ def flashinfer_decode(workspace, q, cache, contexts: List[int], slots, order: Li
     return functools.partial(wrapper.run, q[requests], kv), requests
 
 
-DECODE_KERNELS = {  # label: (splits, chunk, block_n, num_warps, num_stages) for the Triton kernel
-    f"Triton {c[0]} x {c[1]}, n {c[2]}, {c[3]} warps, {c[4]} stages": c
-    for c in [
-        (8, 256, 64, 4, 3),
-        (8, 256, 64, 4, 4),
-        (8, 512, 64, 4, 4),
-        (8, 256, 64, 2, 3),
-        (8, 256, 128, 4, 3),
-        (8, 512, 128, 4, 3),
-        (16, 256, 64, 4, 3),
-        (4, 512, 64, 4, 3),
-        (8, 1024, 64, 4, 3),
-        (8, 256, 32, 2, 4),
-        (8, 512, 64, 8, 3),
-    ]
+DECODE_KERNELS = {  # label: the Triton kernel's settings
+    "Triton 8 x 256, two kernels": dict(splits=8, chunk=256, num_stages=3, merge_here=False),
+    "Triton 8 x 256": dict(splits=8, chunk=256, num_stages=3),
+    "Triton 4 x 256": dict(splits=4, chunk=256, num_stages=3),
+    "Triton 16 x 128": dict(splits=16, chunk=128, num_stages=3),
+    "Triton 8 x 512": dict(splits=8, chunk=512, num_stages=3),
 }
 
 
@@ -692,10 +683,9 @@ def decode_kernels(out: Path, every: int = 64) -> None:
                 workspace, q, cache, contexts, slots, longest
             ),
         }
-        for label, (splits, chunk, block_n, warps, stages) in DECODE_KERNELS.items():
+        for label, settings in DECODE_KERNELS.items():
             calls[label] = (functools.partial(
-                decode_attention_triton, q, cache[0], cache[1], indptr, indices, splits=splits,
-                chunk=chunk, block_n=block_n, num_warps=warps, num_stages=stages,
+                decode_attention_triton, q, cache[0], cache[1], indptr, indices, **settings
             ), list(range(batch)))  # fmt: skip
         reference = torch.empty_like(q)
         reference[calls["FlashInfer (now)"][1]] = calls["FlashInfer (now)"][0]()
@@ -724,10 +714,10 @@ def decode_kernels(out: Path, every: int = 64) -> None:
     rows.append(
         "| largest difference | | | " + " | ".join(f"{worst[k]:.3g}" for k in labels) + " |"
     )
-    notes = "; ".join(
-        f"{label}: {splits} programs per request and key/value head, each >= {chunk} keys, "
-        f"{block_n} at a time, {warps} warps, {stages} stages"
-        for label, (splits, chunk, block_n, warps, stages) in DECODE_KERNELS.items()
+    notes = (
+        "Triton S x C: each request's keys in at most S pieces per key/value head, each of at "
+        "least C keys, 64 loaded at a time, 4 warps, 3 stages; the last piece of a request to "
+        "finish merges them, or, in two kernels, a second kernel does"
     )
     out.write_text(
         "\n".join(rows) + "\n\nTB/s of keys and values read, from the GPU time of each kernel "

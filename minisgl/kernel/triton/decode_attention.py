@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Dict
 
 import torch
 import triton
@@ -44,6 +45,8 @@ def _chunk_kernel(
     indices_ptr,  # the key/value slot of each key
     part_o_ptr,  # [batch, q_heads, max_chunks, head_dim] float32
     part_lse_ptr,  # [batch, q_heads, max_chunks] float32, base 2
+    out_ptr,  # [batch, q_heads, head_dim]: written here when MERGE_HERE
+    counter_ptr,  # [batch * kv_heads] int32, zeros: pieces finished (MERGE_HERE)
     scale_log2,  # softmax scale x log2(e): the kernel uses exp2
     q_stride_r,
     q_stride_h,
@@ -51,6 +54,8 @@ def _chunk_kernel(
     k_stride_h,
     v_stride_t,
     v_stride_h,
+    out_stride_r,
+    out_stride_h,
     GROUP: tl.constexpr,  # query heads per key/value head
     BLOCK_H: tl.constexpr,  # GROUP padded to 16, the smallest tl.dot
     HEAD_DIM: tl.constexpr,
@@ -58,6 +63,7 @@ def _chunk_kernel(
     BLOCK_N: tl.constexpr,  # keys loaded at a time
     SPLITS: tl.constexpr,  # programs per (request, key/value head)
     UPCAST: tl.constexpr,  # products in float32: Triton's CPU interpreter gets bfloat16 wrong
+    MERGE_HERE: tl.constexpr,  # the request's last piece to finish merges (no second kernel)
 ):
     request = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -108,13 +114,58 @@ def _chunk_kernel(
                 v = v.to(tl.float32)
             acc = acc * shrink[:, None] + tl.dot(weights.to(v.dtype), v, input_precision="ieee")
             best = new_best
+        pieces = tl.cdiv(end - first, size)
         row = (request * (GROUP * tl.num_programs(1)) + heads) * SPLITS + split
-        tl.store(
-            part_o_ptr + row[:, None] * HEAD_DIM + dims[None, :],
-            acc / total[:, None],
-            mask=head_mask[:, None],
-        )
-        tl.store(part_lse_ptr + row, best + tl.log2(total), mask=head_mask)
+        out = out_ptr + request * out_stride_r + heads[:, None] * out_stride_h + dims[None, :]
+        if MERGE_HERE and pieces == 1:  # the whole request: nothing to merge
+            tl.store(
+                out, (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=head_mask[:, None]
+            )
+        else:
+            tl.store(
+                part_o_ptr + row[:, None] * HEAD_DIM + dims[None, :],
+                acc / total[:, None],
+                mask=head_mask[:, None],
+            )
+            tl.store(part_lse_ptr + row, best + tl.log2(total), mask=head_mask)
+            if MERGE_HERE:
+                # every thread's stores before the count; the last piece counted merges all
+                tl.debug_barrier()
+                counter = counter_ptr + request * tl.num_programs(1) + kv_head
+                finished = tl.atomic_add(counter, 1, sem="acq_rel")
+                if finished == pieces - 1:
+                    tl.atomic_xchg(counter, 0)  # zero again for the next call
+                    _merge_pieces(
+                        part_o_ptr, part_lse_ptr, row - split, pieces, out, head_mask,
+                        BLOCK_H, HEAD_DIM,
+                    )  # fmt: skip
+
+
+@triton.jit
+def _merge_pieces(
+    part_o_ptr, part_lse_ptr, rows, pieces, out, head_mask, BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    """Merge the pieces' partial results of the heads at `rows` (their first piece) into
+    `out`: each piece weighed by exp2(its lse - the largest), as one softmax would have."""
+    dims = tl.arange(0, HEAD_DIM)
+    best = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+    for piece in range(0, pieces):
+        # .cg: from L2, where the other programs' stores are, never a stale line of L1
+        lse = tl.load(part_lse_ptr + rows + piece, mask=head_mask, other=0.0, cache_modifier=".cg")
+        o = tl.load(
+            part_o_ptr + (rows + piece)[:, None] * HEAD_DIM + dims[None, :],
+            mask=head_mask[:, None], other=0.0, cache_modifier=".cg",
+        )  # fmt: skip
+        new_best = tl.maximum(best, lse)
+        shrink = tl.exp2(best - new_best)
+        weight = tl.exp2(lse - new_best)
+        total = total * shrink + weight
+        acc = acc * shrink[:, None] + o * weight[:, None]
+        best = new_best
+    tl.store(out, (acc / total[:, None]).to(out.dtype.element_ty), mask=head_mask[:, None])
 
 
 @triton.jit
@@ -150,6 +201,18 @@ def _merge_kernel(
     tl.store(out, merged.to(out_ptr.dtype.element_ty))
 
 
+_COUNTERS: Dict[torch.device, torch.Tensor] = {}
+
+
+def _zeroed_counters(device: torch.device, n: int) -> torch.Tensor:
+    """n counters at zero, from one buffer per device that is never freed (a CUDA graph
+    keeps its address) and that the kernel leaves at zero after each call."""
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(1 << 20, dtype=torch.int32, device=device)
+    assert n <= _COUNTERS[device].numel(), n
+    return _COUNTERS[device]
+
+
 def decode_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -162,6 +225,7 @@ def decode_attention_triton(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
+    merge_here: bool = True,
 ) -> torch.Tensor:
     """One decode step's attention: q [batch, q_heads, head_dim], the caches [slots, kv_heads,
     head_dim], request r's keys at slots indices[indptr[r]:indptr[r + 1]]. Each request's keys
@@ -179,6 +243,7 @@ def decode_attention_triton(
     out = torch.empty_like(q)
     if batch == 0:
         return out
+    counters = _zeroed_counters(q.device, batch * kv_heads)
     _chunk_kernel[(batch, kv_heads, splits)](
         q,
         k_cache,
@@ -187,6 +252,8 @@ def decode_attention_triton(
         indices,
         part_o,
         part_lse,
+        out,
+        counters,
         scale * math.log2(math.e),
         q.stride(0),
         q.stride(1),
@@ -194,6 +261,8 @@ def decode_attention_triton(
         k_cache.stride(1),
         v_cache.stride(0),
         v_cache.stride(1),
+        out.stride(0),
+        out.stride(1),
         GROUP=group,
         BLOCK_H=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
@@ -201,9 +270,12 @@ def decode_attention_triton(
         BLOCK_N=block_n,
         SPLITS=splits,
         UPCAST=os.environ.get("TRITON_INTERPRET") == "1",
+        MERGE_HERE=merge_here,
         num_warps=num_warps,
         num_stages=num_stages,
     )
+    if merge_here:
+        return out
     _merge_kernel[(batch, q_heads)](
         part_o,
         part_lse,
