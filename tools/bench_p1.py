@@ -631,11 +631,13 @@ def flashinfer_decode(workspace, q, cache, contexts: List[int], slots, order: Li
 
 
 DECODE_KERNELS = {  # label: the Triton kernel's settings
-    "Triton 8 x 256, two kernels": dict(splits=8, chunk=256, num_stages=3, merge_here=False),
-    "Triton 8 x 256": dict(splits=8, chunk=256, num_stages=3),
-    "Triton 4 x 256": dict(splits=4, chunk=256, num_stages=3),
-    "Triton 16 x 128": dict(splits=16, chunk=128, num_stages=3),
-    "Triton 8 x 512": dict(splits=8, chunk=512, num_stages=3),
+    "Triton 8 x 256 (the engine's)": dict(splits=8, chunk=256, num_stages=3),
+    "Triton 8 x 256, merged in the kernel": dict(
+        splits=8, chunk=256, num_stages=3, merge_here=True
+    ),
+    "Triton 4 x 256, merged": dict(splits=4, chunk=256, num_stages=3, merge_here=True),
+    "Triton 16 x 128, merged": dict(splits=16, chunk=128, num_stages=3, merge_here=True),
+    "Triton 8 x 512, merged": dict(splits=8, chunk=512, num_stages=3, merge_here=True),
 }
 
 
@@ -716,8 +718,8 @@ def decode_kernels(out: Path, every: int = 64) -> None:
     )
     notes = (
         "Triton S x C: each request's keys in at most S pieces per key/value head, each of at "
-        "least C keys, 64 loaded at a time, 4 warps, 3 stages; the last piece of a request to "
-        "finish merges them, or, in two kernels, a second kernel does"
+        "least C keys, 64 loaded at a time, 4 warps, 3 stages; a second kernel merges the pieces, "
+        "or, merged in the kernel, the last piece of a request to finish does"
     )
     out.write_text(
         "\n".join(rows) + "\n\nTB/s of keys and values read, from the GPU time of each kernel "

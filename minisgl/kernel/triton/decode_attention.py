@@ -1,4 +1,4 @@
-"""Decode attention over ragged lengths, split into chunks of equal size (project P1).
+"""Decode attention over ragged lengths, in pieces of nearly equal size (project P1).
 
 At decode every request brings one query row per head and reads all its keys and values.
 FlashInfer's decode kernel gives each (request, key/value head) one thread block, and splits a
@@ -6,15 +6,16 @@ request's keys only while the blocks fit in one wave on the GPU. With 256 reques
 2,000 keys that wave is ragged: the blocks of the long requests run on after the short ones
 have left their SMs idle, and the kernel reads 3.1 to 3.6 TB/s where equal lengths reach 4.
 
-Here every request's keys are cut into chunks of CHUNK keys and each (request, key/value head,
-chunk) is one program, so every program reads at most CHUNK keys and the GPU's scheduler fills
-the SMs with many short programs instead of a few long ones. A program keeps the running
-maximum, the running sum and the weighted values of its chunk (the online softmax of chapter 7)
-and writes them with the chunk's log-sum-exp; a second kernel merges each request's chunks
-with weights exp(lse_c - lse), as a softmax over the whole row would have. The grid's third
-dimension is fixed by the longest request the caller allows, so a CUDA graph can replay it;
-programs past a request's last chunk return at once. On a CPU it runs under
-``TRITON_INTERPRET=1`` (the tests).
+Here a request's keys are cut into pieces of at least CHUNK keys, at most SPLITS of them (a
+longer request gets longer pieces), and each (request, key/value head, piece) is one program:
+the GPU's scheduler fills the SMs with many short programs instead of a few long ones. A
+program keeps the running maximum of the scores, the running sum of their exponentials and the
+weighted sum of the values (the online softmax), and writes its result with its log-sum-exp.
+The pieces of a request are then merged, each weighed by exp(its lse - the largest), which is
+what one softmax over the whole row gives: by a second kernel, or (merge_here) by the piece
+that finishes last, which an atomic counter per (request, head) tells. The grid is (requests,
+key/value heads, SPLITS) whatever the lengths, so a CUDA graph can replay it; programs past a
+request's last piece return at once. On a CPU it runs under ``TRITON_INTERPRET=1`` (the tests).
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ def decode_attention_triton(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
-    merge_here: bool = True,
+    merge_here: bool = False,
 ) -> torch.Tensor:
     """One decode step's attention: q [batch, q_heads, head_dim], the caches [slots, kv_heads,
     head_dim], request r's keys at slots indices[indptr[r]:indptr[r + 1]]. Each request's keys
