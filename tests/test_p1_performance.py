@@ -404,13 +404,14 @@ def test_the_side_table_compares_every_engine_with_the_last() -> None:
     assert "\nR: 1.100." in two
 
 
-@pytest.mark.parametrize("merge_here", [True, False])
+@pytest.mark.parametrize("merge_here, equal", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
-    dtype, merge_here
+    dtype, merge_here, equal
 ) -> None:
     """The Triton decode kernel (chunks of at least 16 keys, at most 4 per request and head,
-    merged by the last piece to finish or by a second kernel) against softmax attention
+    merged by the last piece to finish or by a second kernel; pieces of equal size or a
+    remainder last) against softmax attention
     written out in float32, for ragged lengths: one key, fewer than a chunk, exactly one
     chunk, and more keys than 4 chunks hold (longer pieces); keys at scattered slots, two
     query heads per key/value head. The counters of finished pieces end at zero."""
@@ -425,8 +426,9 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
     indices = torch.randperm(600, generator=gen)[: sum(lengths)].to(torch.int32)
     indptr = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
     out = decode_attention_triton(
-        q, k, v, indptr, indices, splits=4, chunk=16, block_n=16, merge_here=merge_here
-    )
+        q, k, v, indptr, indices, splits=4, chunk=16, block_n=16, merge_here=merge_here,
+        equal=equal,
+    )  # fmt: skip
     assert not decode_attention._COUNTERS[q.device].any()
     for r in range(len(lengths)):
         slots = indices[indptr[r] : indptr[r + 1]].long()

@@ -635,9 +635,16 @@ DECODE_KERNELS = {  # label: the Triton kernel's settings
     "Triton 8 x 256, merged in the kernel": dict(
         splits=8, chunk=256, num_stages=3, merge_here=True
     ),
-    "Triton 4 x 256, merged": dict(splits=4, chunk=256, num_stages=3, merge_here=True),
-    "Triton 16 x 128, merged": dict(splits=16, chunk=128, num_stages=3, merge_here=True),
-    "Triton 8 x 512, merged": dict(splits=8, chunk=512, num_stages=3, merge_here=True),
+    "Triton 8 x 256, equal pieces": dict(splits=8, chunk=256, num_stages=3, equal=True),
+    "Triton 8 x 256, equal, merged": dict(
+        splits=8, chunk=256, num_stages=3, equal=True, merge_here=True
+    ),
+    "Triton 8 x 128, equal, merged": dict(
+        splits=8, chunk=128, num_stages=3, equal=True, merge_here=True
+    ),
+    "Triton 16 x 128, equal, merged": dict(
+        splits=16, chunk=128, num_stages=3, equal=True, merge_here=True
+    ),
 }
 
 
@@ -718,8 +725,9 @@ def decode_kernels(out: Path, every: int = 64) -> None:
     )
     notes = (
         "Triton S x C: each request's keys in at most S pieces per key/value head, each of at "
-        "least C keys, 64 loaded at a time, 4 warps, 3 stages; a second kernel merges the pieces, "
-        "or, merged in the kernel, the last piece of a request to finish does"
+        "least C keys (equal: as many pieces, of equal size), 64 loaded at a time, 4 warps, 3 "
+        "stages; a second kernel merges the pieces, or, merged in the kernel, the last piece of "
+        "a request to finish does"
     )
     out.write_text(
         "\n".join(rows) + "\n\nTB/s of keys and values read, from the GPU time of each kernel "

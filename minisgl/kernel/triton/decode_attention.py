@@ -30,10 +30,15 @@ import triton.language as tl
 
 
 @triton.jit
-def _piece(length, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+def _piece(
+    length, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, EQUAL: tl.constexpr
+):
     """The keys each program of a request takes: CHUNK, or more when the request's keys would
-    need more than SPLITS programs, rounded up to whole loads of BLOCK_N."""
+    need more than SPLITS programs, rounded up to whole loads of BLOCK_N. EQUAL: as many
+    pieces as that, but of equal size (the last one no longer a remainder)."""
     size = tl.maximum(tl.cdiv(length, SPLITS), CHUNK)
+    if EQUAL:
+        size = tl.cdiv(length, tl.cdiv(length, size))
     return tl.cdiv(size, BLOCK_N) * BLOCK_N
 
 
@@ -63,6 +68,7 @@ def _chunk_kernel(
     CHUNK: tl.constexpr,  # the fewest keys a program takes (unless the request has fewer)
     BLOCK_N: tl.constexpr,  # keys loaded at a time
     SPLITS: tl.constexpr,  # programs per (request, key/value head)
+    EQUAL: tl.constexpr,  # pieces of equal size (see _piece)
     UPCAST: tl.constexpr,  # products in float32: Triton's CPU interpreter gets bfloat16 wrong
     MERGE_HERE: tl.constexpr,  # the request's last piece to finish merges (no second kernel)
 ):
@@ -71,7 +77,7 @@ def _chunk_kernel(
     split = tl.program_id(2)
     first = tl.load(indptr_ptr + request)
     end = tl.load(indptr_ptr + request + 1)
-    size = _piece(end - first, CHUNK, BLOCK_N, SPLITS)
+    size = _piece(end - first, CHUNK, BLOCK_N, SPLITS, EQUAL)
     start = first + split * size
     if start < end:
         stop = tl.minimum(start + size, end)
@@ -181,13 +187,14 @@ def _merge_kernel(
     CHUNK: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr,
+    EQUAL: tl.constexpr,
     BLOCK_S: tl.constexpr,  # SPLITS rounded up to a power of two
 ):
     request = tl.program_id(0)
     head = tl.program_id(1)
     length = tl.load(indptr_ptr + request + 1) - tl.load(indptr_ptr + request)
     chunks = tl.arange(0, BLOCK_S)
-    chunk_mask = chunks < tl.cdiv(length, _piece(length, CHUNK, BLOCK_N, SPLITS))
+    chunk_mask = chunks < tl.cdiv(length, _piece(length, CHUNK, BLOCK_N, SPLITS, EQUAL))
     row = (request * tl.num_programs(1) + head) * SPLITS + chunks
     lse = tl.load(part_lse_ptr + row, mask=chunk_mask, other=float("-inf"))
     best = tl.maximum(tl.max(lse, 0), -1e30)  # a request without keys gets zeros, not NaN
@@ -227,10 +234,13 @@ def decode_attention_triton(
     num_warps: int = 4,
     num_stages: int = 2,
     merge_here: bool = False,
+    equal: bool = False,
 ) -> torch.Tensor:
     """One decode step's attention: q [batch, q_heads, head_dim], the caches [slots, kv_heads,
     head_dim], request r's keys at slots indices[indptr[r]:indptr[r + 1]]. Each request's keys
-    go to at most `splits` programs per key/value head, each taking `chunk` keys or more.
+    go to at most `splits` programs per key/value head, each taking `chunk` keys or more
+    (`equal`: as many pieces, of equal size). `merge_here`: the last piece merges, no second
+    kernel.
     Returns [batch, q_heads, head_dim] in q's dtype."""
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
@@ -270,6 +280,7 @@ def decode_attention_triton(
         CHUNK=chunk,
         BLOCK_N=block_n,
         SPLITS=splits,
+        EQUAL=equal,
         UPCAST=os.environ.get("TRITON_INTERPRET") == "1",
         MERGE_HERE=merge_here,
         num_warps=num_warps,
@@ -288,6 +299,7 @@ def decode_attention_triton(
         CHUNK=chunk,
         BLOCK_N=block_n,
         SPLITS=splits,
+        EQUAL=equal,
         BLOCK_S=triton.next_power_of_2(splits),
     )
     return out
