@@ -10,6 +10,8 @@
                                      GPU where FlashInfer's plain decode kernel would run
                                      (project P1); MINISGL_TRITON_DECODE=0 runs FlashInfer's
                                      decode kernel instead
+    ENV.TRITON_DECODE_SETTINGS       MINISGL_TRITON_DECODE_SETTINGS="splits=16,chunk=128,..."
+                                     changes that kernel's settings (integers; P1's measurements)
 
 A value that does not parse keeps the default (and says so on stderr). Later chapters add
 their own settings here.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, Generic, TypeVar
+from typing import Callable, Dict, Generic, TypeVar
 
 T = TypeVar("T")
 MINISGL_ENV_PREFIX = "MINISGL_"
@@ -55,6 +57,21 @@ def _to_bool(text: str) -> bool:
     return text.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _to_settings(text: str) -> Dict[str, int]:
+    """'a=1,b=2' -> {'a': 1, 'b': 2}; a part without '=' raises ValueError."""
+    settings: Dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"{part!r} is not NAME=VALUE")
+        settings[name.strip()] = int(value)
+    return settings
+
+
+def EnvSettings() -> EnvVar[Dict[str, int]]:
+    return EnvVar({}, _to_settings)
+
+
 def EnvBool(default_value: bool) -> EnvVar[bool]:
     return EnvVar(default_value, _to_bool)
 
@@ -74,6 +91,7 @@ class EnvClassSingleton:
     DISABLE_CUSTOM_KERNELS = EnvBool(False)
     FUSED_QK_NORM_ROPE = EnvBool(True)
     TRITON_DECODE = EnvBool(True)
+    TRITON_DECODE_SETTINGS = EnvSettings()
     # how the shell (python -m minisgl.shell, chapter 15) samples its answers
     SHELL_MAX_TOKENS = EnvInt(2048)
     SHELL_TOP_K = EnvInt(-1)

@@ -440,3 +440,15 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
             torch.testing.assert_close(out[r], expected, rtol=1e-5, atol=1e-5)
         else:  # the weights meet the values in bfloat16, the output is rounded once more
             torch.testing.assert_close(out[r].float(), expected, rtol=0, atol=2e-2)
+
+
+def test_the_decode_kernels_settings_from_the_environment() -> None:
+    """MINISGL_TRITON_DECODE_SETTINGS: integers by name; text that is not NAME=VALUE is
+    refused (and the setting keeps its default, as every MINISGL_* setting does)."""
+    from minisgl.env import _to_settings
+
+    assert _to_settings("equal=1, merge_here=1,") == {"equal": 1, "merge_here": 1}
+    assert _to_settings("") == {}
+    for bad in ("equal", "splits=eight"):
+        with pytest.raises(ValueError):
+            _to_settings(bad)

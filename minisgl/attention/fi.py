@@ -161,7 +161,12 @@ class FlashInferBackend(BaseAttnBackend):
     def triton_decode(self) -> bool:
         """Project P1: decode with the Triton kernel of equal chunks, on a GPU, wherever
         FlashInfer's plain decode kernel would run (MINISGL_TRITON_DECODE=0: never)."""
-        return ENV.TRITON_DECODE and self.device.type == "cuda" and not self.use_tensor_cores
+        return bool(ENV.TRITON_DECODE) and self.device.type == "cuda" and not self.use_tensor_cores
+
+    @cached_property
+    def triton_decode_settings(self) -> Dict[str, int]:
+        """The kernel's settings: TRITON_DECODE_SETTINGS, then MINISGL_TRITON_DECODE_SETTINGS."""
+        return {**TRITON_DECODE_SETTINGS, **ENV.TRITON_DECODE_SETTINGS.value}
 
     def prepare_metadata(self, batch: Batch) -> None:
         reqs = batch.padded_reqs
@@ -209,7 +214,7 @@ class FlashInferBackend(BaseAttnBackend):
                 metadata.wrapper._paged_kv_indices_buf,
             )
             return decode_attention_triton(
-                q, _slots(k_cache), _slots(v_cache), indptr, indices, **TRITON_DECODE_SETTINGS
+                q, _slots(k_cache), _slots(v_cache), indptr, indices, **self.triton_decode_settings
             )
         return metadata.wrapper.run(
             q=q, paged_kv_cache=(_one_slot_pages(k_cache), _one_slot_pages(v_cache))
