@@ -58,9 +58,9 @@ def _to_bool(text: str) -> bool:
 
 
 def _to_settings(text: str) -> Dict[str, int]:
-    """'a=1,b=2' -> {'a': 1, 'b': 2}; a part without '=' raises ValueError."""
+    """'a=1,b=2' (or 'a=1;b=2') -> {'a': 1, 'b': 2}; a part without '=' raises ValueError."""
     settings: Dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
+    for part in filter(None, (p.strip() for p in text.replace(";", ",").split(","))):
         name, sep, value = part.partition("=")
         if not sep:
             raise ValueError(f"{part!r} is not NAME=VALUE")

@@ -448,6 +448,7 @@ def test_the_decode_kernels_settings_from_the_environment() -> None:
     from minisgl.env import _to_settings
 
     assert _to_settings("equal=1, merge_here=1,") == {"equal": 1, "merge_here": 1}
+    assert _to_settings("splits=16;chunk=128") == {"splits": 16, "chunk": 128}
     assert _to_settings("") == {}
     for bad in ("equal", "splits=eight"):
         with pytest.raises(ValueError):
