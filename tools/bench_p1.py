@@ -510,6 +510,15 @@ def attention(out: Path) -> None:
     print(out.read_text())
 
 
+def whole_run(steps: List[int], us: List[float], layers: int) -> float:
+    """Seconds of a kernel over the whole run, from its microseconds per layer at `steps`:
+    every layer of every step, the steps in between interpolated linearly."""
+    seconds = 0.0
+    for (s0, t0), (s1, t1) in zip(zip(steps, us), zip(steps[1:], us[1:])):
+        seconds += (s1 - s0) * (t0 + t1) / 2 * layers / 1e6
+    return seconds + us[-1] * layers / 1e6
+
+
 def attention_over_the_run(out: Path, every: int = 64) -> None:
     """The decode attention kernel at the shapes of the workload's own decode steps (every
     `every`-th step: the requests still running, each with its prompt and the tokens so far),
@@ -574,13 +583,9 @@ def attention_over_the_run(out: Path, every: int = 64) -> None:
         rows.append(f"| {step} | {batch} | {total / batch:.0f} | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)
 
-    def whole_run(us: List[float]) -> float:  # seconds: 28 layers, every step, interpolated
-        seconds = 0.0
-        for (s0, t0), (s1, t1) in zip(zip(steps, us), zip(steps[1:], us[1:])):
-            seconds += (s1 - s0) * (t0 + t1) / 2 * layers / 1e6
-        return seconds + us[-1] * layers / 1e6
-
-    estimates = ", ".join(f"{name} {whole_run(us):.2f} s" for name, us in times.items())
+    estimates = ", ".join(
+        f"{name} {whole_run(steps, us, layers):.2f} s" for name, us in times.items()
+    )
     out.write_text(
         "\n".join(rows) + f"\n\nThe whole run's decode attention, estimated: {estimates}. "
         f"One {torch.cuda.get_device_name()}.\n"
@@ -711,14 +716,10 @@ def decode_kernels(out: Path, every: int = 64) -> None:
 
     steps = [step for step, _ in shapes]
 
-    def whole_run(us: List[float]) -> float:  # seconds: 28 layers, every step, interpolated
-        seconds = 0.0
-        for (s0, t0), (s1, t1) in zip(zip(steps, us), zip(steps[1:], us[1:])):
-            seconds += (s1 - s0) * (t0 + t1) / 2 * layers / 1e6
-        return seconds + us[-1] * layers / 1e6
-
     rows.append(
-        "| whole run, s | | | " + " | ".join(f"{whole_run(times[k]):.2f}" for k in labels) + " |"
+        "| whole run, s | | | "
+        + " | ".join(f"{whole_run(steps, times[k], layers):.2f}" for k in labels)
+        + " |"
     )
     rows.append(
         "| largest difference | | | " + " | ".join(f"{worst[k]:.3g}" for k in labels) + " |"
