@@ -636,14 +636,14 @@ def flashinfer_decode(workspace, q, cache, contexts: List[int], slots, order: Li
 
 
 DECODE_KERNELS = {  # label: the Triton kernel's settings
-    "Triton 8 x 256, two kernels": dict(splits=8, chunk=256, num_stages=3),
+    "Triton 8 x 256, two kernels (the engine's)": dict(splits=8, chunk=256, num_stages=3),
     "Triton 8 x 256, merged in the kernel": dict(
         splits=8, chunk=256, num_stages=3, merge_here=True
     ),
     "Triton 8 x 256, equal pieces, two kernels": dict(
         splits=8, chunk=256, num_stages=3, equal=True
     ),
-    "Triton 8 x 256, equal, merged (the engine's)": dict(
+    "Triton 8 x 256, equal, merged": dict(
         splits=8, chunk=256, num_stages=3, equal=True, merge_here=True
     ),
     "Triton 8 x 128, equal, merged": dict(

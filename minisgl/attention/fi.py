@@ -54,7 +54,7 @@ FlashInferWrapper = Union[
 
 # measured best on the H200 at the offline workload's shapes (tools/bench_p1.py decode-kernels)
 TRITON_DECODE_SETTINGS = dict(
-    splits=8, chunk=256, block_n=64, num_warps=4, num_stages=3, equal=True, merge_here=True
+    splits=8, chunk=256, block_n=64, num_warps=4, num_stages=3, equal=False, merge_here=False
 )
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's advice for its split-K scratch space
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # what a FlashInfer wrapper allocates for its plan
