@@ -49,8 +49,8 @@ def _chunk_kernel(
     v_ptr,
     indptr_ptr,  # [batch + 1]: request r's keys are indices[indptr[r]:indptr[r + 1]]
     indices_ptr,  # the key/value slot of each key
-    part_o_ptr,  # [batch, q_heads, max_chunks, head_dim] float32
-    part_lse_ptr,  # [batch, q_heads, max_chunks] float32, base 2
+    part_o_ptr,  # [batch, q_heads, SPLITS, head_dim] float32: each piece's result
+    part_lse_ptr,  # [batch, q_heads, SPLITS] float32: its log-sum-exp, base 2
     out_ptr,  # [batch, q_heads, head_dim]: written here when MERGE_HERE
     counter_ptr,  # [batch * kv_heads] int32, zeros: pieces finished (MERGE_HERE)
     scale_log2,  # softmax scale x log2(e): the kernel uses exp2
