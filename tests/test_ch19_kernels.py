@@ -221,6 +221,27 @@ def test_a_build_is_named_after_everything_that_goes_into_it(tmp_path, monkeypat
     assert utils._build_directory("k", ["int x;"], ["-O3"]) != first
 
 
+def test_one_build_serves_every_copy_of_the_tree(tmp_path, monkeypatch):
+    """steps.py checks each chapter in a copy of the tree of its own. A kernel built in one copy
+    is loaded, not compiled again, in the next: its build names no path of either copy."""
+    import shutil
+
+    from minisgl.kernel import utils
+
+    monkeypatch.setenv("TVM_FFI_CACHE_DIR", str(tmp_path / "cache"))
+    source = "#include <minisgl/utils.cuh>\nint64_t twice(int64_t x) { return 2 * x; }\n"
+    wrapper = "TVM_FFI_DLL_EXPORT_TYPED_FUNC(twice, twice);"
+    built = []
+    for copy in ("first", "second"):
+        include = shutil.copytree(KERNEL_PATH / "include", tmp_path / copy / "include")
+        monkeypatch.setattr(utils, "DEFAULT_INCLUDE", [str(include)])
+        assert load_source("twice", source, wrapper).twice(21) == 42
+        [library] = (tmp_path / "cache").rglob("*.so")
+        built.append((library, library.stat().st_mtime_ns))
+        assert copy not in (library.parent / "build.ninja").read_text()
+    assert built[0] == built[1]
+
+
 # ------------------------------------------------------------------ FlashInfer's small kernels
 gpu_16_bit = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="FlashInfer's fused kernels run on a GPU only"

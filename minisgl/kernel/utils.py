@@ -19,6 +19,8 @@ import functools
 import hashlib
 import os
 import pathlib
+import shutil
+import tempfile
 from typing import TYPE_CHECKING, List, NamedTuple, Tuple, Union
 
 from minisgl.env import ENV
@@ -74,6 +76,24 @@ def _build_directory(name: str, sources: List[str], flags: List[str]) -> pathlib
     return pathlib.Path(root) / "minisgl" / f"{name}_{digest.hexdigest()[:16]}"
 
 
+def _headers_in(build: pathlib.Path) -> pathlib.Path:
+    """The headers of DEFAULT_INCLUDE, copied once into the build folder (whose name already
+    hashes them). Compiled against this copy, a build's commands name no path of the tree, so
+    another copy of the tree finds the build up to date; with the tree's own include path,
+    ninja would see a changed command and compile again in every copy."""
+    include = build / "include"
+    if not include.is_dir():
+        build.mkdir(parents=True, exist_ok=True)
+        staging = pathlib.Path(tempfile.mkdtemp(prefix="include-", dir=build))
+        for folder in DEFAULT_INCLUDE:
+            shutil.copytree(folder, staging, dirs_exist_ok=True)
+        try:
+            staging.rename(include)
+        except OSError:  # another process put the same files there first
+            shutil.rmtree(staging, ignore_errors=True)
+    return include
+
+
 def _load(name: str, sources: List[str], *, cuda: bool) -> Module:
     from tvm_ffi.cpp import load_inline
 
@@ -87,7 +107,7 @@ def _load(name: str, sources: List[str], *, cuda: bool) -> Module:
         cuda_sources=sources if cuda else None,
         extra_cflags=DEFAULT_CFLAGS,
         extra_cuda_cflags=DEFAULT_CUDA_CFLAGS,
-        extra_include_paths=DEFAULT_INCLUDE,
+        extra_include_paths=[str(_headers_in(build))],
         build_directory=str(build),
     )
 
@@ -120,8 +140,6 @@ def chunk_bytes(*sizes: int) -> int:
 @functools.cache
 def compiler_available() -> bool:
     """Whether a C++ compiler and tvm-ffi are there to build the CPU simulation."""
-    import shutil
-
     try:
         import tvm_ffi.cpp  # noqa: F401
     except ImportError:
