@@ -1171,3 +1171,23 @@ def test_exercises_name_a_project_by_its_label(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     ).stdout  # fmt: skip
     assert listed == f"{'p1-quadruple':24s} project P1  quadruple in minisgl/util.py\n"
+
+
+def test_reading_stored_references_waits_for_no_lock() -> None:
+    """The check runs mains and tests side by side; one of them may hold a model's lock for a
+    minute while it computes references of its own. One that only reads stored references
+    must not wait for it."""
+    import threading
+
+    from tools.models import cache_dir, file_lock
+    from tools.parity import hf_references
+
+    expected = hf_references("tiny-qwen3", [[1, 2, 3]], 2)  # stored now, if it was not
+    got: List[object] = []
+    with file_lock(cache_dir() / "references" / "tiny-qwen3.lock"):  # as one that computes
+        reader = threading.Thread(
+            target=lambda: got.append(hf_references("tiny-qwen3", [[1, 2, 3]], 2)), daemon=True
+        )
+        reader.start()
+        reader.join(10)
+    assert got == [expected]

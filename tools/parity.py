@@ -127,6 +127,10 @@ def hf_references(
     dtype_name = str(dtype).removeprefix("torch.")
     store = cache_dir() / "references" / f"{name}.json"
     keys = [_reference_key(name, p, n, device, dtype_name) for p in prompts]
+    known = _read_references(store)  # replaced whole (os.replace): readers need no lock
+    if all(k in known for k in keys):
+        return [Reference(known[k]["tokens"], known[k]["margins"]) for k in keys]
+    # the lock is for those that compute: a process that only reads never waits for one
     with file_lock(store.with_suffix(".lock")):
         known = _read_references(store)
         missing = [i for i, k in enumerate(keys) if k not in known]
