@@ -687,6 +687,47 @@ def test_the_record_of_what_a_test_ran_decides_whether_it_reruns(tmp_path: Path)
     assert "test_ch00_unused.py" not in why
 
 
+READS_BOOK = {
+    "chapters/ch00/manifest.toml": """
+        chapter = 0
+        title = "zero"
+        main = "examples/ch00_main.py"
+        tests = ["tests/test_ch00_core.py", "tests/test_ch00_reads.py"]
+        creates = ["minisgl/__init__.py", "minisgl/core.py"]
+        """,
+    "chapters/ch00/minisgl/core.py": "VALUE = 0\nENV = 0\n\ndef label():\n    return 'core'\n",
+    "minisgl/core.py": "VALUE = 1\nENV = 1\n\ndef label():\n    return 'core'\n",
+    "tests/test_ch00_reads.py": """
+        from minisgl.core import VALUE, label
+
+        ENV = {"x": 1}  # the file's own ENV, not minisgl.core's
+
+        def _value():
+            return VALUE
+
+        def test_through_a_helper():
+            assert _value() in (0, 1)
+
+        def test_without_the_value():
+            assert label() == "core" and ENV["x"] == 1
+        """,
+}
+
+
+def test_a_test_reruns_for_a_name_only_if_its_own_code_reaches_it(tmp_path: Path) -> None:
+    """Chapter 01 changes VALUE and ENV. Of two tests in a file that imports VALUE, the one
+    whose helper reads it reruns; the other reads only the file's own ENV and is not rerun
+    (before, a test file counted whole: every name it mentions, for each of its tests)."""
+    keep = tmp_path / "kept"
+    code, out = check(make_book(tmp_path, READS_BOOK), 0, 1, "--keep", str(keep))
+    assert code == 0, out
+    selection = (keep / "ch01" / "selection.txt").read_text()
+    assert "test_ch00_reads.py::test_through_a_helper: it reads names that mean something " \
+        "else now: VALUE" in selection, selection  # fmt: skip
+    assert "test_without_the_value" not in selection, selection
+    assert "test_ch00_reads.py (1)" in out, out
+
+
 def test_a_fix_that_never_reached_a_later_version_of_its_file_still_fails(tmp_path: Path) -> None:
     """Chapter 00's version of core.py has the fix its test checks; chapter 01's version of
     the same file lost it. The test reruns in chapter 01 (core.py changed) and fails there."""

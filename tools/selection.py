@@ -7,9 +7,11 @@ started. In a later chapter of the same check, a test reruns if, since the chapt
 ran, the tree changed (tools/changes.py):
 
 * the body of a function it ran,
-* what a name means that its code reads (the functions it ran, its test file and the
-  non-package files that file imports),
-* or something a module it can import does at import time;
+* what a name means that its code reads: the package's functions it ran, and, in its test
+  file and the files outside the package that it imports, the code the test can reach from
+  its own name (tools/outside.py),
+* something a module it can import does at import time,
+* or whether a name its files import still exists;
 
 or if it did not pass there. A test file whose collection ran something that changed reruns
 whole, since it might now hold other tests. A chapter's own test files always run whole, and
@@ -18,7 +20,6 @@ so does every test of a chapter checked without the chapter before it.
 
 from __future__ import annotations
 
-import ast
 import json
 import math
 import threading
@@ -27,8 +28,9 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from tools.book import Book, Manifest, chapter_name
-from tools.changes import ModuleSummary, TreeChange, names_in, summarise, tree_change
-from tools.deps import ImportGraph
+from tools.changes import ModuleSummary, TreeChange, summarise, tree_change
+from tools.deps import ImportGraph, module_name
+from tools.outside import OutsideFile, missing_imports, read_outside, reads_of_test, top_level_names
 
 Function = Tuple[str, str]  # (package file, top-level qualname)
 
@@ -145,7 +147,8 @@ class Selector:
         self.nodes: Dict[str, List[str]] = {}  # test file -> its node ids, as last collected
         self._changes: Dict[Tuple[int, int], TreeChange] = {}
         self._summaries: Dict[Tuple[int, str], Optional[ModuleSummary]] = {}
-        self._file_names: Dict[str, Set[str]] = {}
+        self._outside_files: Dict[str, OutsideFile] = {}
+        self._bound: Dict[int, Dict[str, Set[str]]] = {}
 
     # ----------------------------------------------------------------- records
     def remember(self, folder: Path, chapter: int) -> None:
@@ -205,18 +208,29 @@ class Selector:
                 reads |= function.reads
         return reads
 
-    def _names_outside(self, tree: Path, files: Iterable[str]) -> Set[str]:
-        """What the non-package files a test file brings in read (its own code, conftest,
-        tests/support, tools/...): their whole text, since their functions are not recorded."""
-        names: Set[str] = set()
+    def _outside(self, tree: Path, files: Iterable[str]) -> Dict[str, OutsideFile]:
+        """The non-package files a test file brings in (its own code, conftest, tests/support,
+        tools/...), read for what each of their parts reads (tools/outside.py): their
+        functions are not recorded. They are the same text in every chapter that has them."""
+        found = {}
         for rel in files:
-            if rel not in self._file_names:
+            if rel not in self._outside_files:
                 try:
-                    self._file_names[rel] = names_in([ast.parse((tree / rel).read_text())])
+                    self._outside_files[rel] = read_outside((tree / rel).read_text(), rel)
                 except (OSError, SyntaxError):
-                    self._file_names[rel] = set()
-            names |= self._file_names[rel]
-        return names
+                    self._outside_files[rel] = OutsideFile()
+            found[rel] = self._outside_files[rel]
+        return found
+
+    def _package_names(self, chapter: int) -> Dict[str, Set[str]]:
+        """Each module of chapter `chapter`'s package (dotted) -> the names it binds."""
+        if chapter not in self._bound:
+            self._bound[chapter] = {
+                module_name(rel) or rel: top_level_names(path.read_text(errors="replace"))
+                for rel, path in self.book.package_files(chapter).items()
+                if rel.endswith(".py")
+            }
+        return self._bound[chapter]
 
     # ----------------------------------------------------------------- choosing
     def select(
@@ -234,18 +248,25 @@ class Selector:
                 selection.whole.append(test_file)
                 selection.predicted |= package
                 continue
-            outside = self._names_outside(
-                tree, [f for f in closure if f.endswith(".py") and f not in package]
+            outside = self._outside(
+                tree, sorted(f for f in closure if f.endswith(".py") and f not in package)
             )
+            missing = missing_imports(
+                outside, self.book.package, self._package_names(chapter.number)
+            )
+            reads_of: Dict[str, Set[str]] = {}  # a test's function or class -> what it reads
             rerun = {}
             for nodeid in nodes:
                 record = self.records[nodeid]
                 if record.outcome != "passed":
                     rerun[nodeid] = [f"it {record.outcome} in {chapter_name(record.chapter)}"]
                     continue
+                name = nodeid.split("::")[1].split("[")[0]
+                if name not in reads_of:
+                    reads_of[name] = reads_of_test(outside, test_file, name)
                 change = self.change(record.chapter, chapter.number)
-                why = change.reasons(
-                    record.ran | record.collect, self._reads(record, outside), package
+                why = missing + change.reasons(
+                    record.ran | record.collect, self._reads(record, reads_of[name]), package
                 )
                 if why:
                     rerun[nodeid] = why
