@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import Dict
 
-from tools.outside import OutsideFile, missing_imports, read_outside, reads_of_test, top_level_names
+from tools.outside import OutsideFile, OutsideReads, missing_imports, read_outside, top_level_names
 
 FILES = {
     "tests/conftest.py": """
@@ -35,6 +35,10 @@ FILES = {
 
         if __name__ == "__main__":
             print(Context())
+        """,
+    "tools/loaded.py": """
+        def build():
+            return LoadedThing()
         """,
     "tests/test_x.py": """
         import pytest
@@ -67,6 +71,11 @@ FILES = {
         def test_runs_the_helper():
             assert RUN
 
+        LOADED = load("tools/loaded.py")  # a module loaded by its path, for every function
+
+        def test_a_loaded_module():
+            assert LOADED.build()
+
         class TestGroup:
             def test_one(self):
                 assert Req
@@ -79,7 +88,7 @@ def outside(files: Dict[str, str] = FILES) -> Dict[str, OutsideFile]:
 
 
 def reads(name: str) -> set:
-    return reads_of_test(outside(), "tests/test_x.py", name)
+    return OutsideReads(outside()).of("tests/test_x.py", name)
 
 
 def test_a_test_reads_what_it_reaches_by_name_and_nothing_else() -> None:
@@ -95,6 +104,9 @@ def test_a_test_reads_what_it_reaches_by_name_and_nothing_else() -> None:
     assert {"VALUE", "Engine"} <= value and "Scheduler" not in value
     # a class counts whole
     assert "Req" in reads("TestGroup")
+    # a function of a module the file loaded by its path
+    assert "LoadedThing" in reads("test_a_loaded_module")
+    assert "LoadedThing" not in reads("test_config")
 
 
 def test_what_runs_for_every_test_counts_for_every_test() -> None:

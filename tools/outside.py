@@ -8,7 +8,7 @@ following what the code names, the way Python would find it:
 
 * a plain name, in the file that reads it (a function, a class or an assignment of its own)
   or in the file it imports it from (``from tools.parity import hf_references``);
-* an attribute, in the files the reader holds as modules: those it imports whole
+* an attribute, in the files the reader's file holds as modules: those it imports whole
   (``import tools.parity``) or names as a path (``load_example("examples/ch09_radix.py")``);
 * a fixture (an argument's name, or a string: ``getfixturevalue("server")``), in the
   reader's file and in conftest.py;
@@ -47,7 +47,7 @@ class Part:
     plain: Set[str] = field(default_factory=set)  # names it reads as variables
     attributes: Set[str] = field(default_factory=set)  # names it reads as attributes
     fixtures: Set[str] = field(default_factory=set)  # its arguments' names, its identifier strings
-    strings: Set[str] = field(default_factory=set)  # every string constant (paths it names)
+    paths: Set[str] = field(default_factory=set)  # strings that may name a file or module
 
 
 @dataclass
@@ -58,7 +58,8 @@ class OutsideFile:
     main: Part = field(default_factory=Part)  # the `if __name__ == "__main__":` block
     imports: List[Tuple[str, str]] = field(default_factory=list)  # (module, name or "")
     imported: Dict[str, Tuple[str, str]] = field(default_factory=dict)  # bound -> (module, name)
-    modules: Set[str] = field(default_factory=set)  # modules it holds whole (dotted)
+    modules: Set[str] = field(default_factory=set)  # modules it imports whole (dotted)
+    paths: Set[str] = field(default_factory=set)  # strings that may name a file or module
 
 
 def _is_type_checking(node: ast.stmt) -> bool:
@@ -144,6 +145,9 @@ def read_outside(source: str, rel: str) -> OutsideFile:
     tree = ast.parse(source, filename=rel)
     body = [s for s in tree.body if not _is_type_checking(s)]
     result = OutsideFile()
+    result.paths = _paths(
+        n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    )
     for node in ast.walk(tree):  # anywhere: a test function's own imports count too
         if isinstance(node, ast.Import):
             for a in node.names:
@@ -175,7 +179,7 @@ def read_outside(source: str, rel: str) -> OutsideFile:
             plain={n for n in mentioned if not n.startswith(".")},
             attributes={n[1:] for n in mentioned if n.startswith(".")},
             fixtures=set(arguments) | {s for s in strings if s.isidentifier()},
-            strings=strings,
+            paths=_paths(strings),
         )
 
     at_import: List[ast.AST] = []
@@ -202,56 +206,75 @@ def read_outside(source: str, rel: str) -> OutsideFile:
     return result
 
 
+def _paths(strings: Iterable[str]) -> Set[str]:
+    """The strings that may name a file ("examples/ch15_server.py") or a module."""
+    return {s for s in strings if ("/" in s or "." in s) and len(s) < 200 and " " not in s}
+
+
 def _names_file(text: str, rel: str) -> bool:
     """Whether a string constant names the file `rel`: a path to it, or its module."""
     return text in (rel, module_name(rel)) or rel.endswith("/" + text) or text.endswith("/" + rel)
 
 
-def reads_of_test(files: Dict[str, OutsideFile], test_file: str, name: str) -> Set[str]:
-    """What the test `name` of `test_file` (its function or class, or the assignment that
-    binds it) reads in `files`: its test file, conftest.py and the helpers they can import."""
-    by_module = {module_name(rel): rel for rel in files}
-    conftests = [rel for rel in files if rel.endswith("conftest.py")]
-    reads: Set[str] = set()
-    todo: List[Tuple[str, str]] = [(test_file, name)]  # (file, top-level name) to take in
-    seen: Set[Tuple[str, str]] = set()
-    programs: Set[str] = set()  # files reached code runs as programs
+class OutsideReads:
+    """What each test reads in the outside files of one test file's closure (`files`: its
+    test file, conftest.py and the helpers they can import)."""
 
-    def take(rel: str, piece: Part) -> None:
-        """Count what `piece` of file `rel` reads, and queue what it names."""
-        reads.update(piece.reads)
-        f = files[rel]
-        for n in piece.plain:
-            if n in f.definitions:
-                todo.append((rel, n))
-            elif n in f.imported:
-                module, original = f.imported[n]
-                reads.add(original or n)  # `as` renamed it: the package knows it by its own name
-                source = by_module.get(module)
-                if source is not None and original:
-                    todo.append((source, original))
-        held = [by_module[m] for m in f.modules if m in by_module]
-        held += [r for r in files if any(_names_file(s, r) for s in piece.strings)]
-        for n in piece.attributes | piece.fixtures:
-            todo.extend((r, n) for r in held if n in files[r].definitions)
-        for n in piece.fixtures:
-            todo.extend((r, n) for r in [rel, *conftests] if n in files[r].definitions)
-        for r in files:
-            if r not in programs and any(_names_file(s, r) for s in piece.strings):
-                programs.add(r)
-                take(r, files[r].main)
+    def __init__(self, files: Dict[str, OutsideFile]) -> None:
+        self.files = files
+        self.by_module = {module_name(rel): rel for rel in files}
+        self.conftests = [rel for rel in files if rel.endswith("conftest.py")]
+        # the modules each file holds: those it imports whole, and those it names by path (a
+        # module-level `ch06 = load_example("examples/ch06_engine.py")` serves every function)
+        self.held = {rel: self._named(f.paths) for rel, f in files.items()}
+        for rel, f in files.items():
+            self.held[rel] += [self.by_module[m] for m in f.modules if m in self.by_module]
 
-    for rel, f in files.items():
-        take(rel, f.at_import)
-        todo.extend((rel, n) for n in f.always)
-    while todo:
-        key = todo.pop()
-        if key in seen or key[0] not in files:
-            continue
-        seen.add(key)
-        for piece in files[key[0]].definitions.get(key[1], []):
-            take(key[0], piece)
-    return reads
+    def _named(self, paths: Set[str]) -> List[str]:
+        return [r for r in self.files if any(_names_file(s, r) for s in paths)]
+
+    def of(self, test_file: str, name: str) -> Set[str]:
+        """What the test `name` of `test_file` (its function or class, or the assignment
+        that binds it) reads."""
+        files = self.files
+        reads: Set[str] = set()
+        todo: List[Tuple[str, str]] = [(test_file, name)]  # (file, top-level name) to take in
+        seen: Set[Tuple[str, str]] = set()
+        programs: Set[str] = set()  # files that reached code runs as programs
+
+        def take(rel: str, piece: Part) -> None:
+            """Count what `piece` of file `rel` reads, and queue what it names."""
+            reads.update(piece.reads)
+            f = files[rel]
+            for n in piece.plain | piece.fixtures:  # a fixture may be imported, too
+                if n in f.definitions:
+                    todo.append((rel, n))
+                elif n in f.imported:
+                    module, original = f.imported[n]
+                    reads.add(original or n)  # renamed by `as`: the package knows its own name
+                    source = self.by_module.get(module)
+                    if source is not None and original:
+                        todo.append((source, original))
+            for n in piece.attributes | piece.fixtures:  # getattr(module, "name") too
+                todo.extend((r, n) for r in self.held[rel] if n in files[r].definitions)
+            for n in piece.fixtures:
+                todo.extend((r, n) for r in self.conftests if n in files[r].definitions)
+            for r in self._named(piece.paths):
+                if r not in programs:
+                    programs.add(r)
+                    take(r, files[r].main)
+
+        for rel, f in files.items():
+            take(rel, f.at_import)
+            todo.extend((rel, n) for n in f.always)
+        while todo:
+            key = todo.pop()
+            if key in seen or key[0] not in files:
+                continue
+            seen.add(key)
+            for piece in files[key[0]].definitions.get(key[1], []):
+                take(key[0], piece)
+        return reads
 
 
 def missing_imports(

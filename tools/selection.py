@@ -30,7 +30,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 from tools.book import Book, Manifest, chapter_name
 from tools.changes import ModuleSummary, TreeChange, summarise, tree_change
 from tools.deps import ImportGraph, module_name
-from tools.outside import OutsideFile, missing_imports, read_outside, reads_of_test, top_level_names
+from tools.outside import OutsideFile, OutsideReads, missing_imports, read_outside, top_level_names
 
 Function = Tuple[str, str]  # (package file, top-level qualname)
 
@@ -149,6 +149,9 @@ class Selector:
         self._summaries: Dict[Tuple[int, str], Optional[ModuleSummary]] = {}
         self._outside_files: Dict[str, OutsideFile] = {}
         self._bound: Dict[int, Dict[str, Set[str]]] = {}
+        # (the outside files of a test file's closure, the test's name) -> what it reads there
+        self._outside_reads: Dict[Tuple[str, ...], OutsideReads] = {}
+        self._test_reads: Dict[Tuple[Tuple[str, ...], str, str], Set[str]] = {}
 
     # ----------------------------------------------------------------- records
     def remember(self, folder: Path, chapter: int) -> None:
@@ -254,19 +257,24 @@ class Selector:
             missing = missing_imports(
                 outside, self.book.package, self._package_names(chapter.number)
             )
-            reads_of: Dict[str, Set[str]] = {}  # a test's function or class -> what it reads
+            key = tuple(sorted(outside))
+            if key not in self._outside_reads:
+                self._outside_reads[key] = OutsideReads(outside)
             rerun = {}
             for nodeid in nodes:
                 record = self.records[nodeid]
                 if record.outcome != "passed":
                     rerun[nodeid] = [f"it {record.outcome} in {chapter_name(record.chapter)}"]
                     continue
-                name = nodeid.split("::")[1].split("[")[0]
-                if name not in reads_of:
-                    reads_of[name] = reads_of_test(outside, test_file, name)
+                name = nodeid.split("::")[1].split("[")[0]  # its function or class
+                if (key, test_file, name) not in self._test_reads:
+                    found = self._outside_reads[key].of(test_file, name)
+                    self._test_reads[key, test_file, name] = found
                 change = self.change(record.chapter, chapter.number)
                 why = missing + change.reasons(
-                    record.ran | record.collect, self._reads(record, reads_of[name]), package
+                    record.ran | record.collect,
+                    self._reads(record, self._test_reads[key, test_file, name]),
+                    package,
                 )
                 if why:
                     rerun[nodeid] = why
