@@ -109,6 +109,33 @@ def test_a_test_reads_what_it_reaches_by_name_and_nothing_else() -> None:
     assert "LoadedThing" not in reads("test_config")
 
 
+def test_imports_are_followed_through_re_exports_relative_and_star_imports() -> None:
+    files = {
+        "tests/support/__init__.py": "from .kit import make_kit\n",
+        "tests/support/kit.py": """
+            def make_kit():
+                return KitThing()
+
+            def other():
+                return OtherThing()
+            """,
+        "tests/test_y.py": """
+            from tests.support import make_kit
+            from tests.support.kit import *
+
+            def test_kit():
+                assert make_kit()
+
+            def test_other():
+                assert other()
+            """,
+    }
+    reader = OutsideReads(outside(files))
+    assert "KitThing" in reader.of("tests/test_y.py", "test_kit")
+    assert "OtherThing" not in reader.of("tests/test_y.py", "test_kit")
+    assert "OtherThing" in reader.of("tests/test_y.py", "test_other")
+
+
 def test_what_runs_for_every_test_counts_for_every_test() -> None:
     for name in ("test_config", "test_value", "TestGroup"):
         found = reads(name)

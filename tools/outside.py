@@ -7,7 +7,8 @@ those files a test's reads are read from the source, starting from the test's ow
 following what the code names, the way Python would find it:
 
 * a plain name, in the file that reads it (a function, a class or an assignment of its own)
-  or in the file it imports it from (``from tools.parity import hf_references``);
+  or in the file it imports it from (``from tools.parity import hf_references``; through a
+  re-export, a relative import or ``import *`` too);
 * an attribute, in the files the reader's file holds as modules: those it imports whole
   (``import tools.parity``) or names as a path (``load_example("examples/ch09_radix.py")``);
 * a fixture (an argument's name, or a string: ``getfixturevalue("server")``), in the
@@ -24,9 +25,9 @@ as a program then, never on import.
 What a reached part reads is every name it mentions (tools/changes.names_in), less the plain
 names its own file binds (a def, a class, an assignment; never one it imports anywhere):
 test_ch15_server's ``ENV`` is its own, not ``minisgl.env.ENV``; a name imported under another
-one (``import ... as``) counts by its own name too. An import reads nothing by
-itself (the code that uses the name does), but one whose name is gone from the package fails
-the whole test file at import: :func:`missing_imports` names those.
+one (``import ... as``) counts by its own name too. An import reads nothing by itself (the
+code that uses the name does), but one whose name is gone from the package fails the whole
+test file at import: :func:`missing_imports` names those.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class OutsideFile:
     imports: List[Tuple[str, str]] = field(default_factory=list)  # (module, name or "")
     imported: Dict[str, Tuple[str, str]] = field(default_factory=dict)  # bound -> (module, name)
     modules: Set[str] = field(default_factory=set)  # modules it imports whole (dotted)
+    star: List[str] = field(default_factory=list)  # modules it imports every name of
     paths: Set[str] = field(default_factory=set)  # strings that may name a file or module
 
 
@@ -139,6 +141,16 @@ def _arguments(node: ast.AST) -> Set[str]:
     }
 
 
+def _absolute(rel: str, module: Optional[str], level: int) -> str:
+    """The module that `from <level dots><module> import ...` in file `rel` names."""
+    if level == 0:
+        return module or ""
+    parts = (module_name(rel) or "").split(".")
+    base = parts if rel.endswith("__init__.py") else parts[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join([*base, module] if module else base)
+
+
 def read_outside(source: str, rel: str) -> OutsideFile:
     """The parts of one file outside the package (`rel`, relative to the tree) and what each
     part reads and names."""
@@ -154,10 +166,14 @@ def read_outside(source: str, rel: str) -> OutsideFile:
                 result.modules.add(a.name)
                 if a.asname:
                     result.imported[a.asname] = (a.name, "")
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(rel, node.module, node.level)
             for a in node.names:
-                result.imported[a.asname or a.name] = (node.module, a.name)
-                result.modules.add(f"{node.module}.{a.name}")  # `from tools import parity`
+                if a.name == "*":
+                    result.star.append(source)
+                    continue
+                result.imported[a.asname or a.name] = (source, a.name)
+                result.modules.add(f"{source}.{a.name}")  # `from tools import parity`
     own: Set[str] = set()
     for s in body:
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -187,8 +203,8 @@ def read_outside(source: str, rel: str) -> OutsideFile:
     for s in body:
         if _is_main_block(s):
             main.append(s)
-        elif isinstance(s, ast.ImportFrom) and s.level == 0 and s.module:
-            result.imports += [(s.module, a.name) for a in s.names]
+        elif isinstance(s, ast.ImportFrom):
+            result.imports += [(_absolute(rel, s.module, s.level), a.name) for a in s.names]
         elif isinstance(s, ast.Import):
             result.imports += [(a.name, "") for a in s.names]
         elif isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -199,7 +215,7 @@ def read_outside(source: str, rel: str) -> OutsideFile:
         elif (names := _assigned(s)) and "pytestmark" not in names:
             for name in names:
                 result.definitions.setdefault(name, []).append(part([s]))
-        elif not _is_docstring(s):  # a relative import, a call, an `if`: it runs at import
+        elif not _is_docstring(s):  # a call, an `if`, a `try`: it runs at import
             at_import.append(s)
     result.at_import = part(at_import)
     result.main = part(main)
@@ -247,18 +263,13 @@ class OutsideReads:
             reads.update(piece.reads)
             f = files[rel]
             for n in piece.plain | piece.fixtures:  # a fixture may be imported, too
-                if n in f.definitions:
-                    todo.append((rel, n))
-                elif n in f.imported:
-                    module, original = f.imported[n]
-                    reads.add(original or n)  # renamed by `as`: the package knows its own name
-                    source = self.by_module.get(module)
-                    if source is not None and original:
-                        todo.append((source, original))
+                if n in f.imported:
+                    reads.add(f.imported[n][1] or n)  # renamed by `as`: the package's own name
+                todo.append((rel, n))
             for n in piece.attributes | piece.fixtures:  # getattr(module, "name") too
-                todo.extend((r, n) for r in self.held[rel] if n in files[r].definitions)
+                todo.extend((r, n) for r in self.held[rel])
             for n in piece.fixtures:
-                todo.extend((r, n) for r in self.conftests if n in files[r].definitions)
+                todo.extend((r, n) for r in self.conftests)
             for r in self._named(piece.paths):
                 if r not in programs:
                     programs.add(r)
@@ -272,8 +283,16 @@ class OutsideReads:
             if key in seen or key[0] not in files:
                 continue
             seen.add(key)
-            for piece in files[key[0]].definitions.get(key[1], []):
-                take(key[0], piece)
+            rel, n = key
+            f = files[rel]
+            for piece in f.definitions.get(n, []):
+                take(rel, piece)
+            if n in f.imported:  # defined elsewhere: follow the import (a re-export too)
+                module, original = f.imported[n]
+                if original and module in self.by_module:
+                    todo.append((self.by_module[module], original))
+            elif n not in f.definitions:  # perhaps from a module it imports every name of
+                todo.extend((self.by_module[m], n) for m in f.star if m in self.by_module)
         return reads
 
 
