@@ -149,7 +149,8 @@ class Selector:
         self._summaries: Dict[Tuple[int, str], Optional[ModuleSummary]] = {}
         self._outside_files: Dict[str, OutsideFile] = {}
         self._bound: Dict[int, Dict[str, Set[str]]] = {}
-        # (the outside files of a test file's closure, the test's name) -> what it reads there
+        # the outside files of a test file's closure -> their reader; and (those files, the
+        # test file, a test's function or class) -> what that test reads in them
         self._outside_reads: Dict[Tuple[str, ...], OutsideReads] = {}
         self._test_reads: Dict[Tuple[Tuple[str, ...], str, str], Set[str]] = {}
 
