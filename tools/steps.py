@@ -514,7 +514,11 @@ def _check(
         print(f"  - {p}")
     chosen = numbers or [m.number for m in book.chapters]
     jobs = 1 if verbose else max(1, min(jobs, 2 * len(chosen)))  # -v shows mains in order
-    threads = 1 if jobs > 1 else None
+    threads = 1 if jobs > 1 else None  # a main alone may use every core
+    # The tests get one thread per process even then: many start servers, ranks and workers,
+    # several processes at once, whose thread pools would spin against each other on the
+    # same cores (a full `--jobs 1` check with a thread per core: 3,416 busy core-s, 31 min).
+    test_threads = 1
     rows = {n: Row(book.chapter(n)) for n in chosen}
     selector = Selector(book)
     pending = {n: (0 if mains_only else 1) + 1 for n in chosen}  # parts left per chapter
@@ -539,7 +543,7 @@ def _check(
         if kind == "main":
             run_main(book, row, keep, verbose, check_prints, threads)
         else:
-            run_chapter_tests(book, row, selector, all_tests, keep, threads, files or None)
+            run_chapter_tests(book, row, selector, all_tests, keep, test_threads, files or None)
 
     def finished(kind: str, n: int, last_batch: bool) -> None:
         with lock:
