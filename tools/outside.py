@@ -36,7 +36,7 @@ import ast
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from tools.changes import names_in
+from tools.changes import _is_docstring, _is_type_checking, names_in
 from tools.deps import module_name
 
 
@@ -64,14 +64,6 @@ class OutsideFile:
     paths: Set[str] = field(default_factory=set)  # strings that may name a file or module
 
 
-def _is_type_checking(node: ast.stmt) -> bool:
-    test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (
-        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-    )
-
-
 def _is_main_block(node: ast.stmt) -> bool:
     """`if __name__ == "__main__":`"""
     test = getattr(node, "test", None)
@@ -81,14 +73,6 @@ def _is_main_block(node: ast.stmt) -> bool:
         and isinstance(test.left, ast.Name)
         and test.left.id == "__name__"
         and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)
-    )
-
-
-def _is_docstring(node: ast.stmt) -> bool:
-    return (
-        isinstance(node, ast.Expr)
-        and isinstance(node.value, ast.Constant)
-        and isinstance(node.value.value, str)
     )
 
 
