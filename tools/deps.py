@@ -34,6 +34,16 @@ def module_name(rel: str) -> Optional[str]:
     return ".".join(parts)
 
 
+def absolute_module(rel: str, module: Optional[str], level: int) -> str:
+    """The module that `from <level dots><module> import ...` in file `rel` names."""
+    if level == 0:
+        return module or ""
+    parts = (module_name(rel) or "").split(".")
+    base = parts if rel.endswith("__init__.py") else parts[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join([*base, module] if module else base)
+
+
 class ImportGraph:
     """The files of one tree (relative paths) and which files each one brings in."""
 
@@ -62,17 +72,6 @@ class ImportGraph:
             if rel is not None:
                 found.add(rel)
         return found
-
-    def _resolve(self, rel: str, module: Optional[str], level: int) -> Optional[str]:
-        """The absolute name of `from <level dots><module> import ...` written in file `rel`."""
-        if level == 0:
-            return module
-        own = module_name(rel) or ""
-        is_package = rel.endswith("__init__.py")
-        base = own.split(".") if is_package else own.split(".")[:-1]
-        if level > 1:
-            base = base[: len(base) - (level - 1)]
-        return ".".join([*base, module] if module else base)
 
     def _package_modules(self, package: str) -> Set[str]:
         prefix = package + "."
@@ -110,7 +109,7 @@ class ImportGraph:
                 for alias in node.names:
                     found |= self._with_parents(alias.name)
             elif isinstance(node, ast.ImportFrom):
-                base = self._resolve(rel, node.module, node.level)
+                base = absolute_module(rel, node.module, node.level)
                 if base:
                     found |= self._with_parents(base)
                     for alias in node.names:  # `from pkg import submodule`
@@ -119,7 +118,7 @@ class ImportGraph:
                 name = node.args[0] if node.args else None
                 if isinstance(name, ast.Constant) and isinstance(name.value, str):
                     dots = len(name.value) - len(name.value.lstrip("."))
-                    target = self._resolve(rel, name.value[dots:] or None, dots)
+                    target = absolute_module(rel, name.value[dots:] or None, dots)
                     found |= self._with_parents(target) if target else set()
                 else:  # a computed name: anything in the caller's package
                     found |= self._package_modules(own.rsplit(".", 1)[0] if "." in own else own)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from tools.changes import _is_docstring, _is_type_checking, names_in
-from tools.deps import module_name
+from tools.deps import absolute_module, module_name
 
 
 @dataclass
@@ -125,16 +125,6 @@ def _arguments(node: ast.AST) -> Set[str]:
     }
 
 
-def _absolute(rel: str, module: Optional[str], level: int) -> str:
-    """The module that `from <level dots><module> import ...` in file `rel` names."""
-    if level == 0:
-        return module or ""
-    parts = (module_name(rel) or "").split(".")
-    base = parts if rel.endswith("__init__.py") else parts[:-1]
-    base = base[: len(base) - (level - 1)]
-    return ".".join([*base, module] if module else base)
-
-
 def read_outside(source: str, rel: str) -> OutsideFile:
     """The parts of one file outside the package (`rel`, relative to the tree) and what each
     part reads and names."""
@@ -151,7 +141,7 @@ def read_outside(source: str, rel: str) -> OutsideFile:
                 if a.asname:
                     result.imported[a.asname] = (a.name, "")
         elif isinstance(node, ast.ImportFrom):
-            source = _absolute(rel, node.module, node.level)
+            source = absolute_module(rel, node.module, node.level)
             for a in node.names:
                 if a.name == "*":
                     result.star.append(source)
@@ -188,7 +178,7 @@ def read_outside(source: str, rel: str) -> OutsideFile:
         if _is_main_block(s):
             main.append(s)
         elif isinstance(s, ast.ImportFrom):
-            result.imports += [(_absolute(rel, s.module, s.level), a.name) for a in s.names]
+            result.imports += [(absolute_module(rel, s.module, s.level), a.name) for a in s.names]
         elif isinstance(s, ast.Import):
             result.imports += [(a.name, "") for a in s.names]
         elif isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
