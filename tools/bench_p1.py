@@ -83,6 +83,17 @@ class Hardware:
 # NVIDIA's H200 SXM datasheet: 4.8 TB/s of HBM3e; 1,979 TFLOPS of BF16 with 2:4 sparsity,
 # so 989.5 dense
 H200 = Hardware("NVIDIA H200 SXM", memory_bytes_per_s=4.8e12, bf16_flops_per_s=989.5e12)
+# the H100 SXM datasheet: 3.35 TB/s of HBM3, the same 989.5 dense bf16 TFLOPS
+H100 = Hardware("NVIDIA H100 SXM", memory_bytes_per_s=3.35e12, bf16_flops_per_s=989.5e12)
+
+
+def this_gpu() -> Hardware:
+    """The datasheet of the GPU this process sees (torch names an H100 SXM "NVIDIA H100 80GB
+    HBM3"); the H200's when there is none, as the page's limit is for the H200."""
+    import torch
+
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+    return H100 if "H100" in name and "PCIe" not in name else H200
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,7 @@ class Limit:
     decode_kv_s: float  # and every cached key and value read once per step
     decode_steps: int
     output_tokens: int
+    hardware: str  # the GPU it is for
 
     @property
     def seconds(self) -> float:
@@ -167,6 +179,7 @@ def limit(
         decode_kv_s=kv_s,
         decode_steps=steps,
         output_tokens=sum(output_lens),
+        hardware=hw.name,
     )
 
 
@@ -236,7 +249,7 @@ def runs_table(runs: Dict[str, List[Dict]], result: Limit, ratio: str) -> str:
         ratios = f"Ratios to {last}: " + "; ".join(f"{k} {m / base:.3f}" for k, m in others)
     return (
         "\n".join(rows) + f"\n\n{ratios}. The limit: {result.seconds:.2f} s, "
-        f"{result.tokens_per_s:,.0f} output tokens/s ({H200.name}). Measured on one "
+        f"{result.tokens_per_s:,.0f} output tokens/s ({result.hardware}). Measured on one "
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"{sum(len(r) for r in runs.values())} runs alternating.\n"
     )
@@ -267,7 +280,7 @@ def ab(before: str, after: str, rounds: int, out: Path) -> None:
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out.write_text(runs_table(runs, workload_limit(), f"Ratio {after} / {before}"))
+    out.write_text(runs_table(runs, workload_limit(this_gpu()), f"Ratio {after} / {before}"))
     print(out.read_text())
 
 
@@ -293,7 +306,7 @@ def engines(
 
 def side(source: Path, site: Path | None, rounds: int, out: Path, variants: List[str]) -> None:
     runs = alternate(engines(source, site, variants), rounds)
-    out.write_text(runs_table(runs, workload_limit(), "Ratio this engine / official"))
+    out.write_text(runs_table(runs, workload_limit(this_gpu()), "Ratio this engine / official"))
     print(out.read_text())
 
 
