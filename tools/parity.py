@@ -210,6 +210,18 @@ class Case:
     max_new_tokens: int
 
 
+def _case_references(name: str, cases: List[Case]) -> List[Reference]:
+    """transformers' output for every case, asked once per length of output (one model load
+    for all the missing ones of a length, not one per case)."""
+    refs: List[Reference | None] = [None] * len(cases)
+    for n in {c.max_new_tokens for c in cases}:
+        positions = [i for i, c in enumerate(cases) if c.max_new_tokens == n]
+        found = hf_references(name, [cases[i].prompt for i in positions], n)
+        for i, ref in zip(positions, found):
+            refs[i] = ref
+    return refs  # type: ignore[return-value]
+
+
 def run_parity_cases(
     generate: Callable[[str, List[Case]], List[List[int]]],
     cases_for: Callable[[str], List[Case]],
@@ -233,7 +245,7 @@ def run_parity_cases(
     )
     for name in models:
         cases = cases_for(name)
-        refs = [hf_references(name, [c.prompt], c.max_new_tokens)[0] for c in cases]
+        refs = _case_references(name, cases)
         tok = load_tokenizer(name)
         for run in range(runs_of(name)):
             outputs = generate(name, cases) if runs == 1 else generate(name, cases, run)  # type: ignore[call-arg]
