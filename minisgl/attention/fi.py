@@ -226,11 +226,9 @@ class FlashInferBackend(BaseAttnBackend):
         would overwrite the host buffer of a copy that may not have happened yet."""
         if metadata.initialized:
             return
-        from flashinfer import BatchDecodeWithPagedKVCacheWrapper
-
         metadata.initialized = True
         self.last_event.synchronize()
-        if isinstance(metadata.wrapper, BatchDecodeWithPagedKVCacheWrapper):
+        if _is_decode(metadata.wrapper):
             metadata.wrapper.plan(
                 indptr=metadata.cu_seqlens_k_cpu,
                 indices=metadata.indices,
