@@ -79,6 +79,17 @@ FILES = {
         class TestGroup:
             def test_one(self):
                 assert Req
+
+            @pytest.mark.parametrize("k", KINDS)  # a method's decorator runs at import
+            def test_kinds(self, k):
+                assert k
+
+        def test_inner_definitions():
+            @memoize(INNER_CACHE)  # runs when this test runs, not at import
+            def inner():
+                return 1
+
+            assert inner()
         """,
 }
 
@@ -140,7 +151,13 @@ def test_what_runs_for_every_test_counts_for_every_test() -> None:
     for name in ("test_config", "test_value", "TestGroup"):
         found = reads(name)
         assert "SIZES" in found  # a parametrize list: it decides which tests there are
+        assert "KINDS" in found  # and a method's
         assert ".check" in found and "Watched" in found  # an autouse fixture
+
+
+def test_a_decorator_inside_a_function_counts_where_the_function_runs() -> None:
+    assert {"memoize", "INNER_CACHE"} <= reads("test_inner_definitions")
+    assert not {"memoize", "INNER_CACHE"} & reads("test_config")
 
 
 def test_a_name_the_file_binds_itself_is_its_own() -> None:

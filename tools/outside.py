@@ -17,7 +17,8 @@ following what the code names, the way Python would find it:
 
 Some code runs for every test, named or not, and counts for each: a module-level statement
 other than an import or a definition (``RadixAgainstModel.TestCase.settings = ...``), every
-decorator (a parametrize list decides which tests there are), ``pytestmark``, pytest's hooks
+decorator that runs at import (a parametrize list decides which tests there are; one inside
+a function runs with the function), ``pytestmark``, pytest's hooks
 and autouse fixtures. A file's ``if __name__ == "__main__":`` block counts only where reached
 code names the file (``"examples/ch15_server.py"``, ``"-m", "tools.bench_offline"``): it runs
 as a program then, never on import.
@@ -88,13 +89,15 @@ def _is_autouse_fixture(node: ast.AST) -> bool:
 
 
 def _decorators(node: ast.AST) -> List[ast.expr]:
-    """The decorators of a definition and of every definition inside it (a method's)."""
-    return [
-        d
-        for sub in ast.walk(node)
-        if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-        for d in sub.decorator_list
-    ]
+    """The decorators that run at import: a definition's own and, in a class, those of its
+    methods and inner classes. A function's inner definitions are decorated when it runs, so
+    they count only where the function is reached."""
+    found = list(getattr(node, "decorator_list", []))
+    if isinstance(node, ast.ClassDef):
+        for s in node.body:
+            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found += _decorators(s)
+    return found
 
 
 def _assigned(node: ast.stmt) -> Optional[Set[str]]:
