@@ -88,8 +88,8 @@ H100 = Hardware("NVIDIA H100 SXM", memory_bytes_per_s=3.35e12, bf16_flops_per_s=
 
 
 def this_gpu() -> Hardware:
-    """The datasheet of the GPU this process sees (torch names an H100 SXM "NVIDIA H100 80GB
-    HBM3"); the H200's when there is none, as the page's limit is for the H200."""
+    """The datasheet for the limit on the GPU this process sees: the H100 SXM's on one (torch
+    names it "NVIDIA H100 80GB HBM3"), else the H200's, the GPU the page's limit is for."""
     import torch
 
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
