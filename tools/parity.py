@@ -213,13 +213,11 @@ class Case:
 def _case_references(name: str, cases: List[Case]) -> List[Reference]:
     """transformers' output for every case, asked once per length of output (one model load
     for all the missing ones of a length, not one per case)."""
-    refs: List[Reference | None] = [None] * len(cases)
+    refs: Dict[int, Reference] = {}
     for n in {c.max_new_tokens for c in cases}:
         positions = [i for i, c in enumerate(cases) if c.max_new_tokens == n]
-        found = hf_references(name, [cases[i].prompt for i in positions], n)
-        for i, ref in zip(positions, found):
-            refs[i] = ref
-    return refs  # type: ignore[return-value]
+        refs.update(zip(positions, hf_references(name, [cases[i].prompt for i in positions], n)))
+    return [refs[i] for i in range(len(cases))]
 
 
 def run_parity_cases(
