@@ -238,7 +238,7 @@ def measure(spec: Dict[str, Any]) -> Dict[str, Any]:
     config = SchedulerConfig(
         model_path=spec["model"], tp_info=DistributedInfo(0, spec["tp"]),
         dtype=getattr(torch, spec["dtype"]), use_dummy_weight=True,
-        cuda_graph_max_bs=None if spec["graphs"] else 0, **spec["engine"],
+        cuda_graph_max_bs=256 if spec["graphs"] else 0, **spec["engine"],
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="minisgl-tp-probe-") as folder:
         probe = Probe(folder=folder, **spec["probe"])
