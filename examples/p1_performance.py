@@ -23,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 import torch  # noqa: E402
 
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 from minisgl.core import Batch, SamplingParams  # noqa: E402
 from minisgl.engine import sample  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
@@ -34,6 +36,7 @@ from tools.parity import load_example, run_parity  # noqa: E402
 STEP_MODEL = "tiny-qwen3"
 STEP_REQUESTS = 64  # decode batches of this many requests, as a server at load sees them
 CPU = torch.device("cpu")
+SAMPLER_LOGITS = [2.0, 1.0, 0.5, 0.0, -1.0, 1.5, 0.2, -3.0]
 
 
 @dataclass
@@ -152,13 +155,46 @@ def show_step_inputs() -> None:
         raise SystemExit("the two ways built different inputs")
 
 
+def sampler_name(logits: torch.Tensor) -> str:
+    if sample.gumbel_kernel_applies(logits):
+        return "the Gumbel-max kernel (FlashInfer with top-k or top-p)"
+    return "FlashInfer" if sample.sampling_kernels(logits) else "the PyTorch code"
+
+
+def chi_square(counts: torch.Tensor, logits: torch.Tensor, temperature: float) -> float:
+    """How far the counts of each token are from softmax(logits / temperature)'s share."""
+    expected = torch.softmax(logits.double() / temperature, -1) * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
 def show_sampler() -> None:
-    cpu_logits = torch.zeros(2, 8)
-    kernels = sample.sampling_kernels(cpu_logits)
-    print(f"logits on the CPU: {'FlashInfer' if kernels else 'the PyTorch code'} samples")
+    print(f"logits on the CPU: {sampler_name(torch.zeros(2, 8))} samples")
     if torch.cuda.is_available():
-        kernels = sample.sampling_kernels(cpu_logits.cuda())
-        print(f"logits on the GPU: {'FlashInfer' if kernels else 'the PyTorch code'} samples")
+        print(f"logits on the GPU: {sampler_name(torch.zeros(2, 8, device='cuda'))} samples")
+    from minisgl.kernel.triton.sample import gumbel_max_sample
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    top = torch.tensor(SAMPLER_LOGITS).bfloat16()
+    rows, temperatures = 8192, (0.6, 1.5)
+    where = "on the GPU" if device.type == "cuda" else "in Triton's interpreter"
+    print(f"the Gumbel-max kernel {where}, {rows:,} draws at each temperature T from")
+    print("  " + " ".join(f"{x:g}" for x in SAMPLER_LOGITS) + " (bfloat16)")
+    print("chi-square of the counts (7 degrees of freedom) against softmax(logits / ...):")
+    print("    T   ... T (< 30: fits)   ... the other T (> 300: does not fit)")
+    fits = []
+    for t, other in zip(temperatures, reversed(temperatures)):
+        tokens = gumbel_max_sample(
+            top.repeat(rows, 1).to(device), torch.full((rows,), t, device=device),
+            sample.MIN_TEMPERATURE, seed=7, block=4, rows_per_program=1024,
+        )  # fmt: skip
+        counts = torch.bincount(tokens.cpu().long(), minlength=len(top)).double()
+        own, wrong = chi_square(counts, top, t), chi_square(counts, top, other)
+        fits.append(own < 30 and wrong > 300)
+        own_text = "< 30" if own < 30 else f"{own:.1f}"
+        wrong_text = "> 300" if wrong > 300 else f"{wrong:.1f}"
+        print(f"  {t:3.1f}   {own_text:20s} {wrong_text}")
+    if not all(fits):
+        raise SystemExit("the Gumbel-max kernel does not draw from the softmax")
 
 
 def main() -> int:

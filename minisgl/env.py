@@ -12,6 +12,9 @@
                                      decode kernel instead
     ENV.TRITON_DECODE_SETTINGS       MINISGL_TRITON_DECODE_SETTINGS="splits=16,chunk=128,..."
                                      changes that kernel's settings (integers; P1's measurements)
+    ENV.GUMBEL_SAMPLING              temperature sampling without top-k/top-p by the Triton
+                                     Gumbel-max kernel on a GPU (project P1);
+                                     MINISGL_GUMBEL_SAMPLING=0 samples with FlashInfer instead
 
 A value that does not parse keeps the default (and says so on stderr). Later chapters add
 their own settings here.
@@ -92,6 +95,7 @@ class EnvClassSingleton:
     FUSED_QK_NORM_ROPE = EnvBool(True)
     TRITON_DECODE = EnvBool(True)
     TRITON_DECODE_SETTINGS = EnvSettings()
+    GUMBEL_SAMPLING = EnvBool(True)
     # how the shell (python -m minisgl.shell, chapter 15) samples its answers
     SHELL_MAX_TOKENS = EnvInt(2048)
     SHELL_TOP_K = EnvInt(-1)

@@ -222,6 +222,98 @@ def test_flashinfer_samples_only_gpu_logits_and_obeys_the_switch(monkeypatch) ->
     assert sample.sampling_kernels(on_gpu) is None
 
 
+# ------------------------------------------------------------- the Gumbel-max sampler
+TOP = [2.0, 1.0, 0.5, 0.0, -1.0, 1.5, 0.2, -3.0]
+
+
+def chi_square(tokens: torch.Tensor, p: torch.Tensor) -> float:
+    counts = torch.bincount(tokens.long(), minlength=len(p)).double()
+    expected = p.double() * len(tokens)
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+@pytest.mark.parametrize("temperature, other", [(0.6, 1.5), (1.5, 0.6)])
+def test_the_gumbel_max_kernel_draws_from_the_softmax_at_the_rows_temperature(
+    temperature: float, other: float
+) -> None:
+    """8,192 draws from 8 tokens in bfloat16, split over two blocks of the vocabulary: the
+    counts fit softmax(logits / temperature) (chi-square below 30, 7 degrees of freedom:
+    one chance in 10^4 to fail by bad luck, and the seed is fixed) and clearly do not fit
+    the softmax at the other temperature."""
+    from minisgl.kernel.triton.sample import gumbel_max_sample
+
+    rows = 8192
+    logits = torch.tensor(TOP).bfloat16().repeat(rows, 1)
+    tokens = gumbel_max_sample(
+        logits, torch.full((rows,), temperature), 1e-6, seed=7, block=4, rows_per_program=1024
+    )
+    softmax = torch.softmax(torch.tensor(TOP) / temperature, -1)
+    assert chi_square(tokens, softmax) < 30
+    assert chi_square(tokens, torch.softmax(torch.tensor(TOP) / other, -1)) > 300
+
+
+@pytest.mark.parametrize("rows_per_program", [1, 4])
+def test_the_gumbel_max_kernels_greedy_rows_take_the_argmax_and_a_seed_repeats(
+    rows_per_program: int,
+) -> None:
+    from minisgl.kernel.triton.sample import gumbel_max_sample
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(13, 300, generator=gen)
+    greedy = torch.arange(13) % 3 == 0
+    t = torch.where(greedy, sample.MIN_TEMPERATURE, 5.0)
+
+    def draw(seed: int) -> torch.Tensor:
+        return gumbel_max_sample(
+            logits, t, sample.MIN_TEMPERATURE, seed, block=64, rows_per_program=rows_per_program
+        )
+
+    tokens = draw(1)
+    assert tokens.dtype == torch.int32
+    assert torch.equal(tokens[greedy].long(), logits[greedy].argmax(-1))
+    assert torch.equal(draw(1), tokens)
+    assert not torch.equal(draw(2)[~greedy], tokens[~greedy])  # 9 rows at temperature 5
+
+
+def test_on_a_gpu_temperature_alone_samples_by_the_gumbel_kernel(monkeypatch) -> None:
+    """Without top-k or top-p the sampler calls the kernel (here under Triton's interpreter),
+    not FlashInfer, and a mixed batch's greedy rows come out of it as their argmax; with a
+    filter FlashInfer samples, as before."""
+    monkeypatch.setattr(sample, "gumbel_kernel_applies", lambda logits: True)
+    sampler = sample.Sampler(CPU, vocab_size=32)
+    mixed = [params(temperature=0.0), params(temperature=0.8), params(temperature=0.0)]
+    logits = torch.randn(3, 32)
+    with mock.patch.object(sample, "sampling_kernels", side_effect=AssertionError("FlashInfer")):
+        tokens = sampler.sample(logits, sampler.prepare(sampling_batch(mixed)))
+    assert tokens[[0, 2]].tolist() == logits[[0, 2]].argmax(-1).tolist()
+    fake = FakeKernels()
+    filtered = sampler.prepare(sampling_batch([params(temperature=0.8, top_k=5)] * 3))
+    with mock.patch.object(sample, "sampling_kernels", return_value=fake):
+        sampler.sample(logits, filtered)
+    assert fake.calls == ["softmax", "top_k_sampling_from_probs"]
+
+
+def test_the_gumbel_kernel_samples_only_gpu_logits_and_obeys_its_switches(monkeypatch) -> None:
+    on_gpu: Any = SimpleNamespace(is_cuda=True)
+    assert not sample.gumbel_kernel_applies(torch.zeros(2, 4))  # a CPU tensor
+    assert sample.gumbel_kernel_applies(on_gpu)
+    monkeypatch.setattr(ENV.GUMBEL_SAMPLING, "value", False)
+    assert not sample.gumbel_kernel_applies(on_gpu)
+    monkeypatch.setattr(ENV.GUMBEL_SAMPLING, "value", True)
+    monkeypatch.setattr(ENV.DISABLE_CUSTOM_KERNELS, "value", True)
+    assert not sample.gumbel_kernel_applies(on_gpu)
+
+
+def test_both_engines_run_the_workload_with_the_same_settings() -> None:
+    """The side-by-side runs compare engines, not settings: this engine's configuration and
+    the official one's are upstream's bench.py's, graphs up to batch 256 included (the
+    default would stop at 160 on a GPU with 80 GiB or less free, an H100)."""
+    from tools.bench_gpu import CONFIGURATIONS, OFFICIAL_SETTINGS, WORKLOAD_SETTINGS
+
+    assert {**WORKLOAD_SETTINGS, **CONFIGURATIONS["fi-graphs"][1]} == OFFICIAL_SETTINGS
+    assert OFFICIAL_SETTINGS["cuda_graph_max_bs"] == 256
+
+
 # ------------------------------------------------------------------------- the limit
 ONE = bench_p1.Hardware("a round machine", memory_bytes_per_s=1000.0, bf16_flops_per_s=1e6)
 

@@ -78,6 +78,23 @@ def sampling_kernels(logits: torch.Tensor) -> ModuleType | None:
     return _flashinfer_sampling()
 
 
+def gumbel_kernel_applies(logits: torch.Tensor) -> bool:
+    """The Gumbel-max kernel samples logits on a GPU, unless MINISGL_GUMBEL_SAMPLING=0 or
+    MINISGL_DISABLE_CUSTOM_KERNELS=1. It knows no top-k or top-p: the caller checks those."""
+    return logits.is_cuda and bool(ENV.GUMBEL_SAMPLING) and not ENV.DISABLE_CUSTOM_KERNELS
+
+
+def sample_gumbel_max(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """Every row in one pass over the logits as they are (bfloat16 in the engine): the
+    sampled rows drawn from softmax(logits / temperature), the greedy rows (temperature
+    MIN_TEMPERATURE) their argmax. The seed comes from torch's generator, so
+    torch.manual_seed repeats a run's draws."""
+    from minisgl.kernel.triton.sample import gumbel_max_sample
+
+    seed = int(torch.randint(1 << 31, ()))
+    return gumbel_max_sample(logits, temperatures, MIN_TEMPERATURE, seed)
+
+
 def sample_flashinfer(
     sampling: ModuleType,
     logits: torch.Tensor,
@@ -139,6 +156,8 @@ class Sampler:
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         if args.temperatures is None:
             return torch.argmax(logits, dim=-1)
+        if args.top_k is None and args.top_p is None and gumbel_kernel_applies(logits):
+            return sample_gumbel_max(logits, args.temperatures)
         logits = logits.float()
         sampling = sampling_kernels(logits)
         if sampling is not None:
