@@ -314,6 +314,26 @@ def test_both_engines_run_the_workload_with_the_same_settings() -> None:
     assert OFFICIAL_SETTINGS["cuda_graph_max_bs"] == 256
 
 
+def test_the_profiles_count_the_books_triton_kernels_in_their_parts() -> None:
+    """torch.profiler names a Triton kernel by its function: the profile's parts must know
+    the book's own kernels, or they all land in "other kernels" (they did, on the H100)."""
+    from minisgl.kernel.triton import decode_attention, fused_moe, qk_norm_rope, store
+    from minisgl.kernel.triton import sample as sample_kernel
+    from tools.bench_ablation import gpu_part
+
+    expected = {
+        decode_attention._decode_piece_kernel: "attention",
+        decode_attention._decode_merge_kernel: "attention",
+        qk_norm_rope._qk_norm_rope_kernel: "norms, SiLU, RoPE",
+        store._store_kv_kernel: "KV store, embedding",
+        fused_moe.fused_moe_kernel: "matrix products",
+        sample_kernel._gumbel_max_kernel: "sampling",
+    }
+    assert {k.__name__: gpu_part(k.__name__) for k in expected} == {
+        k.__name__: part for k, part in expected.items()
+    }
+
+
 # ------------------------------------------------------------------------- the limit
 ONE = bench_p1.Hardware("a round machine", memory_bytes_per_s=1000.0, bf16_flops_per_s=1e6)
 

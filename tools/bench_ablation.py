@@ -219,11 +219,13 @@ SPLIT_SIZES_GPU = [1, 16, 64, 256]
 SPLIT_SIZES_CPU = [1, 8, 32]
 GPU_PARTS = [  # the first pattern a kernel's name contains decides its part
     ("norms, SiLU, RoPE", ("RMSNorm", "norm::", "act_and_mul", "Rotary", "silu", "rope")),
-    ("attention", ("BatchDecode", "BatchPrefill", "MergeStates", "flash_fwd", "Attention")),
-    ("matrix products", ("gemm", "Gemm", "GEMM", "cutlass", "nvjet", "xmma", "cublas", "splitK")),
-    ("KV store, embedding", ("store_kv_cache", "index_kernel", "embedding")),
+    ("attention", ("BatchDecode", "BatchPrefill", "MergeStates", "flash_fwd", "Attention",
+                   "_decode_piece_kernel", "_decode_merge_kernel")),
+    ("matrix products", ("gemm", "Gemm", "GEMM", "cutlass", "nvjet", "xmma", "cublas", "splitK",
+                         "fused_moe_kernel")),
+    ("KV store, embedding", ("store_kv", "index_kernel", "embedding")),
     ("sampling", ("SoftMax", "softmax", "ArgMax", "multinomial", "exponential", "Distribution",
-                  "sampling", "Sampling", "topk", "sort")),
+                  "sampling", "Sampling", "topk", "sort", "_gumbel_max_kernel")),
 ]  # fmt: skip
 
 

@@ -43,7 +43,7 @@ def _piece(
 
 
 @triton.jit
-def _chunk_kernel(
+def _decode_piece_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
@@ -176,7 +176,7 @@ def _merge_pieces(
 
 
 @triton.jit
-def _merge_kernel(
+def _decode_merge_kernel(
     part_o_ptr,
     part_lse_ptr,
     indptr_ptr,
@@ -255,7 +255,7 @@ def decode_attention_triton(
     if batch == 0:
         return out
     counters = _zeroed_counters(q.device, batch * kv_heads)
-    _chunk_kernel[(batch, kv_heads, splits)](
+    _decode_piece_kernel[(batch, kv_heads, splits)](
         q,
         k_cache,
         v_cache,
@@ -288,7 +288,7 @@ def decode_attention_triton(
     )
     if merge_here:
         return out
-    _merge_kernel[(batch, q_heads)](
+    _decode_merge_kernel[(batch, q_heads)](
         part_o,
         part_lse,
         indptr,
