@@ -39,6 +39,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
+from tools.deps import is_type_checking_test
+
 # Decorators that only wrap or describe the function they decorate and change nothing else.
 PURE_DECORATORS = {
     "property",
@@ -168,15 +170,13 @@ def _dump(nodes: Iterable[ast.AST]) -> str:
     return "\n".join(ast.dump(n, include_attributes=False) for n in nodes)
 
 
-def _is_type_checking(node: ast.stmt) -> bool:
-    test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (
-        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-    )
+def is_type_checking(node: ast.stmt) -> bool:
+    """An `if TYPE_CHECKING:` block."""
+    return isinstance(node, ast.If) and is_type_checking_test(node.test)
 
 
-def _is_docstring(node: ast.stmt) -> bool:
+def is_docstring(node: ast.stmt) -> bool:
+    """A statement that is a string alone: a docstring where it comes first."""
     return (
         isinstance(node, ast.Expr)
         and isinstance(node.value, ast.Constant)
@@ -279,7 +279,7 @@ def summarise(source: str, filename: str = "<source>") -> ModuleSummary:
     """The parts of a module that `diff` compares."""
     summary = ModuleSummary()
     tree = ast.parse(source, filename=filename)
-    body = [s for s in tree.body if not _is_type_checking(s)]
+    body = [s for s in tree.body if not is_type_checking(s)]
     own_classes = {n.name for n in body if isinstance(n, ast.ClassDef)}
     lazy = any(
         isinstance(n, ast.ImportFrom)
@@ -287,7 +287,7 @@ def summarise(source: str, filename: str = "<source>") -> ModuleSummary:
         and any(a.name == "annotations" for a in n.names)
         for n in body
     )
-    for node in body[1:] if body and _is_docstring(body[0]) else body:
+    for node in body[1:] if body and is_docstring(body[0]) else body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             reads = _add_function(summary, node, node.name, lazy)
             summary.binders.append(Binder({node.name}, reads))
@@ -378,7 +378,7 @@ def _add_class(
             reads |= _add_class(summary, item, f"{qualname}.{item.name}", lazy_annotations)
             inner = summary.classes[f"{qualname}.{item.name}"]
             members[item.name] = inner.header + repr(sorted(inner.members.items()))
-        elif not _is_docstring(item):
+        elif not is_docstring(item):
             text = ast.dump(item, include_attributes=False)
             for name in _targets(item) or {text}:
                 members[name] = members.get(name, "") + text

@@ -37,7 +37,7 @@ import ast
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from tools.changes import _is_docstring, _is_type_checking, names_in
+from tools.changes import is_docstring, is_type_checking, names_in
 from tools.deps import absolute_module, module_name
 
 
@@ -132,7 +132,7 @@ def read_outside(source: str, rel: str) -> OutsideFile:
     """The parts of one file outside the package (`rel`, relative to the tree) and what each
     part reads and names."""
     tree = ast.parse(source, filename=rel)
-    body = [s for s in tree.body if not _is_type_checking(s)]
+    body = [s for s in tree.body if not is_type_checking(s)]
     result = OutsideFile()
     result.paths = _paths(
         n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
@@ -192,7 +192,7 @@ def read_outside(source: str, rel: str) -> OutsideFile:
         elif (names := _assigned(s)) and "pytestmark" not in names:
             for name in names:
                 result.definitions.setdefault(name, []).append(part([s]))
-        elif not _is_docstring(s):  # a call, an `if`, a `try`: it runs at import
+        elif not is_docstring(s):  # a call, an `if`, a `try`: it runs at import
             at_import.append(s)
     result.at_import = part(at_import)
     result.main = part(main)
