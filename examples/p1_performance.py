@@ -29,14 +29,13 @@ from minisgl.core import Batch, SamplingParams  # noqa: E402
 from minisgl.engine import sample  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 from minisgl.scheduler import scheduler  # noqa: E402
-from tools.bench_p1 import show_limit, workload_limit  # noqa: E402
+from tools.bench_p1 import SAMPLER_LOGITS, gumbel_fit, show_limit, workload_limit  # noqa: E402
 from tools.models import MOE_PARITY_MODELS, ensure_model  # noqa: E402
 from tools.parity import load_example, run_parity  # noqa: E402
 
 STEP_MODEL = "tiny-qwen3"
 STEP_REQUESTS = 64  # decode batches of this many requests, as a server at load sees them
 CPU = torch.device("cpu")
-SAMPLER_LOGITS = [2.0, 1.0, 0.5, 0.0, -1.0, 1.5, 0.2, -3.0]
 
 
 @dataclass
@@ -161,20 +160,11 @@ def sampler_name(logits: torch.Tensor) -> str:
     return "FlashInfer" if sample.sampling_kernels(logits) else "the PyTorch code"
 
 
-def chi_square(counts: torch.Tensor, logits: torch.Tensor, temperature: float) -> float:
-    """How far the counts of each token are from softmax(logits / temperature)'s share."""
-    expected = torch.softmax(logits.double() / temperature, -1) * counts.sum()
-    return float(((counts - expected) ** 2 / expected).sum())
-
-
 def show_sampler() -> None:
     print(f"logits on the CPU: {sampler_name(torch.zeros(2, 8))} samples")
     if torch.cuda.is_available():
         print(f"logits on the GPU: {sampler_name(torch.zeros(2, 8, device='cuda'))} samples")
-    from minisgl.kernel.triton.sample import gumbel_max_sample
-
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    top = torch.tensor(SAMPLER_LOGITS).bfloat16()
     rows, temperatures = 8192, (0.6, 1.5)
     where = "on the GPU" if device.type == "cuda" else "in Triton's interpreter"
     print(f"the Gumbel-max kernel {where}, {rows:,} draws at each temperature T from")
@@ -183,12 +173,7 @@ def show_sampler() -> None:
     print("    T   ... T (< 30: fits)   ... the other T (> 300: does not fit)")
     fits = []
     for t, other in zip(temperatures, reversed(temperatures)):
-        tokens = gumbel_max_sample(
-            top.repeat(rows, 1).to(device), torch.full((rows,), t, device=device),
-            sample.MIN_TEMPERATURE, seed=7, block=4, rows_per_program=1024,
-        )  # fmt: skip
-        counts = torch.bincount(tokens.cpu().long(), minlength=len(top)).double()
-        own, wrong = chi_square(counts, top, t), chi_square(counts, top, other)
+        own, wrong = gumbel_fit(t, other, device, rows)
         fits.append(own < 30 and wrong > 300)
         own_text = "< 30" if own < 30 else f"{own:.1f}"
         wrong_text = "> 300" if wrong > 300 else f"{wrong:.1f}"

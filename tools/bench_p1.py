@@ -66,7 +66,10 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, List, Sequence, Tuple
+
+if TYPE_CHECKING:
+    import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -79,6 +82,8 @@ DECODE_KERNELS_OUT = ROOT / "docs" / "data" / "p1-decode-kernels.md"
 NORMS_ROPE_OUT = ROOT / "docs" / "data" / "p1-norms-rope.md"
 SAMPLER_OUT = ROOT / "docs" / "data" / "p1-sampler.md"
 RUN_TIMEOUT_S = 150  # one benchmark run: imports, start-up, warm-up and about 7 s timed
+# logits of 8 tokens, all of different sizes: the samplers' draws are checked against them
+SAMPLER_LOGITS = [2.0, 1.0, 0.5, 0.0, -1.0, 1.5, 0.2, -3.0]
 
 
 @dataclass(frozen=True)
@@ -479,13 +484,43 @@ def norms_rope(out: Path) -> None:
     print(out.read_text())
 
 
+def chi_square(counts: torch.Tensor, logits: torch.Tensor, temperature: float) -> float:
+    """How far the counts of each token are from softmax(logits / temperature)'s
+    shares of their sum."""
+    import torch
+
+    expected = torch.softmax(logits.double() / temperature, -1) * counts.sum()
+    return float(((counts.double() - expected) ** 2 / expected).sum())
+
+
+def gumbel_fit(
+    temperature: float, other: float, device: torch.device, rows: int = 8192
+) -> Tuple[float, float]:
+    """`rows` draws of the Gumbel-max kernel from SAMPLER_LOGITS in bfloat16 (blocks of 4
+    tokens, so the vocabulary is two blocks; a fixed seed) at `temperature`: the chi-square of
+    their counts against the softmax at that temperature, and at `other`."""
+    import torch
+
+    from minisgl.engine.sample import MIN_TEMPERATURE
+    from minisgl.kernel.triton.sample import gumbel_max_sample
+
+    logits = torch.tensor(SAMPLER_LOGITS).bfloat16()
+    tokens = gumbel_max_sample(
+        logits.repeat(rows, 1).to(device), torch.full((rows,), temperature, device=device),
+        MIN_TEMPERATURE, seed=7, block=4, rows_per_program=1024,
+    )  # fmt: skip
+    counts = torch.bincount(tokens.cpu().long(), minlength=len(SAMPLER_LOGITS))
+    return chi_square(counts, logits, temperature), chi_square(counts, logits, other)
+
+
 def sampler(out: Path) -> None:
     import flashinfer.sampling as fi_sampling
     import torch
 
+    from minisgl.engine.sample import MIN_TEMPERATURE as greedy_below
     from minisgl.kernel.triton.sample import gumbel_max_sample
 
-    vocab, temperature, greedy_below = 151_936, 0.6, 1e-6
+    vocab, temperature = 151_936, 0.6
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def upstream(logits: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -505,7 +540,7 @@ def sampler(out: Path) -> None:
         rows.append(f"| {batch} | {us[0]:.1f} | {us[1]:.1f} |")
         print(rows[-1], flush=True)
     # mass on 8 tokens: the others are 40 below, e^-66 each at this temperature
-    top = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 1.5, 0.2, -3.0], device="cuda")
+    top = torch.tensor(SAMPLER_LOGITS, device="cuda")
     logits = torch.full((256, vocab), -40.0, device="cuda")
     where = torch.arange(8, device="cuda") * 9973  # spread over the vocabulary's blocks
     logits[:, where] = top
