@@ -500,17 +500,21 @@ def test_the_side_table_compares_every_engine_with_the_last() -> None:
     assert "\nR: 1.100." in two
 
 
-@pytest.mark.parametrize("merge_here, equal", [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize(
+    "merge_here, equal, page_size",
+    [(True, False, 1), (False, False, 1), (True, True, 1), (False, False, 32), (True, True, 32)],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
-    dtype, merge_here, equal
+    dtype, merge_here, equal, page_size
 ) -> None:
     """The Triton decode kernel (chunks of at least 16 keys, at most 4 per request and head,
     merged by the last piece to finish or by a second kernel; pieces of equal size or a
     remainder last) against softmax attention
     written out in float32, for ragged lengths: one key, fewer than a chunk, exactly one
-    chunk, and more keys than 4 chunks hold (longer pieces); keys at scattered slots, two
-    query heads per key/value head. The counters of finished pieces end at zero."""
+    chunk, and more keys than 4 chunks hold (longer pieces); two query heads per key/value
+    head. Keys at scattered slots, or in whole pages of 32 slots taken in a random order (the
+    kernel then reads one index per 16 keys). The counters of finished pieces end at zero."""
     from minisgl.kernel.triton import decode_attention
     from minisgl.kernel.triton.decode_attention import decode_attention_triton
 
@@ -519,11 +523,19 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
     k = torch.randn(600, kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(600, kv_heads, head_dim, generator=gen).to(dtype)
     q = torch.randn(len(lengths), q_heads, head_dim, generator=gen).to(dtype)
-    indices = torch.randperm(600, generator=gen)[: sum(lengths)].to(torch.int32)
+    if page_size == 1:
+        indices = torch.randperm(600, generator=gen)[: sum(lengths)].to(torch.int32)
+    else:  # each request's pages, whole, from a shuffled list of the 18 pages
+        pages = torch.randperm(600 // page_size, generator=gen).tolist()
+        indices = torch.cat([
+            (torch.tensor([pages.pop() for _ in range(-(-n // page_size))])[:, None] * page_size
+             + torch.arange(page_size)).view(-1)[:n]
+            for n in lengths
+        ]).to(torch.int32)  # fmt: skip
     indptr = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
     out = decode_attention_triton(
         q, k, v, indptr, indices, splits=4, chunk=16, block_n=16, merge_here=merge_here,
-        equal=equal,
+        equal=equal, page_size=page_size,
     )  # fmt: skip
     assert not decode_attention._COUNTERS[q.device].any()
     for r in range(len(lengths)):
@@ -549,3 +561,26 @@ def test_the_decode_kernels_settings_from_the_environment() -> None:
     for bad in ("equal", "splits=eight"):
         with pytest.raises(ValueError):
             _to_settings(bad)
+
+
+@pytest.mark.parametrize("page_size, overrides, expected", [
+    (256, {}, 256), (1, {}, 1), (256, {"page_runs": 0}, 1),
+])  # fmt: skip
+def test_the_decode_kernel_reads_one_index_per_load_only_with_the_engines_pages(
+    monkeypatch, page_size: int, overrides: Dict[str, int], expected: int
+) -> None:
+    """The backend tells the kernel the engine's page size (one index per 64 keys where the
+    pages hold whole loads), unless MINISGL_TRITON_DECODE_SETTINGS says page_runs=0; the kernel
+    is then told pages of one slot, and reads every key's slot."""
+    from minisgl.attention.fi import FlashInferBackend
+    from minisgl.core import Context, clear_global_ctx, set_global_ctx
+
+    monkeypatch.setattr(ENV, "TRITON_DECODE_SETTINGS", SimpleNamespace(value=overrides))
+    clear_global_ctx()
+    set_global_ctx(Context(page_size=page_size))
+    try:
+        settings = FlashInferBackend.triton_decode_settings.func(SimpleNamespace())
+    finally:
+        clear_global_ctx()
+    assert settings["page_size"] == expected and "page_runs" not in settings
+    assert settings["block_n"] == 64 and settings["splits"] == 8

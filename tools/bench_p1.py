@@ -10,6 +10,8 @@ engine before and after the project and beside the official one, and where the t
     python tools/bench_p1.py attention      # the decode attention kernel alone
     python tools/bench_p1.py attention-run  # ... at the shapes of the run's decode steps
     python tools/bench_p1.py norms-rope     # the fused q/k norms and RoPE against FlashInfer
+    python tools/bench_p1.py decode-kernels [--set options|settings]
+                                            # the book's decode kernel against FlashInfer's
     python tools/bench_p1.py sampler        # the Gumbel-max sampler against FlashInfer's
 
 **limit.** A lower bound on the time of the workload on one H200, from three facts of the
@@ -49,9 +51,16 @@ cost what they cost there, not what the host pays to issue them).
 
 **sampler.** Temperature sampling of a decode batch's bfloat16 logits (Qwen3's 151,936
 tokens, temperature 0.6), as upstream samples (a float32 copy, FlashInfer's softmax, its draw
-from the probabilities) and by the book's Gumbel-max kernel, timed with CUDA events at four
-batch sizes. Then both draw 16,384 tokens from logits whose mass lies on 8 tokens, and their
-frequencies are compared with the softmax's probabilities.
+from the probabilities) and by the book's Gumbel-max kernel, at four batch sizes, each timed
+in a CUDA graph (or, where its capture fails, with CUDA events around calls issued from
+Python; the table says which), beside the time of reading the logits once. Then both draw
+16,384 tokens from logits whose mass lies on 8 tokens, and their frequencies are compared
+with the softmax's probabilities.
+
+**decode-kernels.** The decode attention at the shapes of every 64th decode step of the run,
+by FlashInfer's kernel and by the book's Triton kernel in one set of its settings
+(`DECODE_KERNEL_SETS`), each replayed in a CUDA graph: TB/s of keys and values read, the
+whole run's estimate, and the largest difference from FlashInfer's output.
 """
 
 from __future__ import annotations
@@ -78,7 +87,10 @@ SIDE_OUT = ROOT / "docs" / "data" / "p1-side.md"
 PROFILE_OUT = ROOT / "docs" / "data" / "p1-profile.md"
 ATTENTION_OUT = ROOT / "docs" / "data" / "p1-attention.md"
 ATTENTION_RUN_OUT = ROOT / "docs" / "data" / "p1-attention-run.md"
-DECODE_KERNELS_OUT = ROOT / "docs" / "data" / "p1-decode-kernels.md"
+DECODE_KERNELS_OUT = {
+    "options": ROOT / "docs" / "data" / "p1-decode-options.md",
+    "settings": ROOT / "docs" / "data" / "p1-decode-settings.md",
+}
 NORMS_ROPE_OUT = ROOT / "docs" / "data" / "p1-norms-rope.md"
 SAMPLER_OUT = ROOT / "docs" / "data" / "p1-sampler.md"
 RUN_TIMEOUT_S = 150  # one benchmark run: imports, start-up, warm-up and about 7 s timed
@@ -774,27 +786,66 @@ def flashinfer_decode(workspace, q, cache, contexts: List[int], slots, order: Li
     return functools.partial(wrapper.run, q[requests], kv), requests
 
 
-DECODE_KERNELS = {  # label: the Triton kernel's settings
-    "Triton 8 x 256, two kernels (the engine's)": dict(splits=8, chunk=256, num_stages=3),
-    "Triton 8 x 256, merged in the kernel": dict(
-        splits=8, chunk=256, num_stages=3, merge_here=True
+@dataclass(frozen=True)
+class DecodeKernels:
+    """A set of the Triton decode kernel's settings to run beside FlashInfer's kernel."""
+
+    kernels: Dict[str, Dict]  # label: the settings
+    notes: str  # what the labels mean, under the table
+
+
+DECODE_KERNEL_SETS = {
+    # the options of the merge and of the pieces' sizes (docs/data/p1-decode-kernels-h100.md)
+    "options": DecodeKernels(
+        {
+            "Triton 8 x 256, two kernels (the engine's)": dict(splits=8, chunk=256, num_stages=3),
+            "Triton 8 x 256, merged in the kernel": dict(
+                splits=8, chunk=256, num_stages=3, merge_here=True
+            ),
+            "Triton 8 x 256, equal pieces, two kernels": dict(
+                splits=8, chunk=256, num_stages=3, equal=True
+            ),
+            "Triton 8 x 256, equal, merged": dict(
+                splits=8, chunk=256, num_stages=3, equal=True, merge_here=True
+            ),
+            "Triton 8 x 128, equal, merged": dict(
+                splits=8, chunk=128, num_stages=3, equal=True, merge_here=True
+            ),
+            "Triton 16 x 128, equal, merged": dict(
+                splits=16, chunk=128, num_stages=3, equal=True, merge_here=True
+            ),
+        },
+        "Triton S x C: each request's keys in at most S pieces per key/value head, each of at "
+        "least C keys (equal: as many pieces, of equal size), 64 loaded at a time, 4 warps, 3 "
+        "stages; a second kernel merges the pieces, or, merged in the kernel, the last piece of "
+        "a request to finish does",
     ),
-    "Triton 8 x 256, equal pieces, two kernels": dict(
-        splits=8, chunk=256, num_stages=3, equal=True
-    ),
-    "Triton 8 x 256, equal, merged": dict(
-        splits=8, chunk=256, num_stages=3, equal=True, merge_here=True
-    ),
-    "Triton 8 x 128, equal, merged": dict(
-        splits=8, chunk=128, num_stages=3, equal=True, merge_here=True
-    ),
-    "Triton 16 x 128, equal, merged": dict(
-        splits=16, chunk=128, num_stages=3, equal=True, merge_here=True
+    # one index per load of keys, and the launch settings around it
+    # (docs/data/p1-decode-settings.md)
+    "settings": DecodeKernels(
+        {
+            "Triton, an index per key": dict(splits=8, chunk=256, num_stages=3),
+            "page runs (the engine's)": dict(splits=8, chunk=256, num_stages=3, page_size=256),
+            "page runs, 128 keys, 2 stages": dict(
+                splits=8, chunk=256, num_stages=2, page_size=256, block_n=128
+            ),
+            "page runs, 8 warps": dict(
+                splits=8, chunk=256, num_stages=3, page_size=256, num_warps=8
+            ),
+            "page runs, 4 stages": dict(splits=8, chunk=256, num_stages=4, page_size=256),
+            "page runs, 4 x 512": dict(splits=4, chunk=512, num_stages=3, page_size=256),
+            "page runs, 16 x 256": dict(splits=16, chunk=256, num_stages=3, page_size=256),
+        },
+        "Triton: each request's keys in at most 8 pieces per key/value head of at least 256 keys "
+        "(S x C: S pieces of at least C), 64 loaded at a time, 4 warps, 3 stages, two kernels, "
+        "unless the label says otherwise; an index per key: the slot of every key is read; page "
+        "runs: the slot of the first of every 64 keys, the others follow it (the workload's "
+        "pages hold 256 slots)",
     ),
 }
 
 
-def decode_kernels(out: Path, every: int = 64) -> None:
+def decode_kernels(out: Path, every: int = 64, kernel_set: str = "options") -> None:
     """The decode attention at the shapes of the run's decode steps, by FlashInfer's decode
     kernel (as the engine calls it: the CUDA-graph wrapper, the requests in the batch's order,
     then longest first) and by the book's Triton kernel of equal chunks in several settings:
@@ -813,7 +864,8 @@ def decode_kernels(out: Path, every: int = 64) -> None:
     cache = torch.randn(2, slots_max, kv_heads, head_dim, generator=gen, device="cuda")
     cache = cache.bfloat16()
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
-    labels = ["FlashInfer (now)", "FlashInfer, longest first", *DECODE_KERNELS]
+    kernels = DECODE_KERNEL_SETS[kernel_set]
+    labels = ["FlashInfer (now)", "FlashInfer, longest first", *kernels.kernels]
     times: Dict[str, List[float]] = {label: [] for label in labels}
     worst: Dict[str, float] = {label: 0.0 for label in labels}
     rows = [
@@ -838,7 +890,7 @@ def decode_kernels(out: Path, every: int = 64) -> None:
                 workspace, q, cache, contexts, slots, longest
             ),
         }
-        for label, settings in DECODE_KERNELS.items():
+        for label, settings in kernels.kernels.items():
             calls[label] = (functools.partial(
                 decode_attention_triton, q, cache[0], cache[1], indptr, indices, **settings
             ), list(range(batch)))  # fmt: skip
@@ -865,15 +917,9 @@ def decode_kernels(out: Path, every: int = 64) -> None:
     rows.append(
         "| largest difference | | | " + " | ".join(f"{worst[k]:.3g}" for k in labels) + " |"
     )
-    notes = (
-        "Triton S x C: each request's keys in at most S pieces per key/value head, each of at "
-        "least C keys (equal: as many pieces, of equal size), 64 loaded at a time, 4 warps, 3 "
-        "stages; a second kernel merges the pieces, or, merged in the kernel, the last piece of "
-        "a request to finish does"
-    )
     out.write_text(
         "\n".join(rows) + "\n\nTB/s of keys and values read, from the GPU time of each kernel "
-        f"replayed in a CUDA graph. {notes}. One {torch.cuda.get_device_name()}.\n"
+        f"replayed in a CUDA graph. {kernels.notes}. One {torch.cuda.get_device_name()}.\n"
     )
     print(out.read_text())
 
@@ -903,6 +949,10 @@ def main() -> None:
     parser.add_argument("--from-json", type=Path, help="profile: redo the tables from this")
     parser.add_argument("--out", type=Path)
     parser.add_argument(
+        "--set", dest="kernel_set", choices=DECODE_KERNEL_SETS, default="options",
+        help="decode-kernels: the Triton kernel's settings to run",
+    )  # fmt: skip
+    parser.add_argument(
         "--variant", action="append", default=[],
         help='side, profile: also this engine with settings, e.g. '
         '"three kernels:MINISGL_FUSED_QK_NORM_ROPE=0"',
@@ -921,7 +971,7 @@ def main() -> None:
     elif args.what == "norms-rope":
         norms_rope(args.out or NORMS_ROPE_OUT)
     elif args.what == "decode-kernels":
-        decode_kernels(args.out or DECODE_KERNELS_OUT)
+        decode_kernels(args.out or DECODE_KERNELS_OUT[args.kernel_set], kernel_set=args.kernel_set)
     elif args.what == "sampler":
         sampler(args.out or SAMPLER_OUT)
     elif args.what == "attention-run":

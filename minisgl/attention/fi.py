@@ -52,10 +52,12 @@ FlashInferWrapper = Union[
     "BatchPrefillWithPagedKVCacheWrapper", "BatchDecodeWithPagedKVCacheWrapper"
 ]
 
-# measured best on the H200 at the offline workload's shapes (tools/bench_p1.py decode-kernels)
+# measured best on the H200 at the offline workload's shapes (tools/bench_p1.py decode-kernels);
+# page_runs: with pages of block_n slots or more, one index per block_n keys
 TRITON_DECODE_SETTINGS = dict(
-    splits=8, chunk=256, block_n=64, num_warps=4, num_stages=3, equal=False, merge_here=False
-)
+    splits=8, chunk=256, block_n=64, num_warps=4, num_stages=3, equal=False, merge_here=False,
+    page_runs=True,
+)  # fmt: skip
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's advice for its split-K scratch space
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # what a FlashInfer wrapper allocates for its plan
 
@@ -165,8 +167,11 @@ class FlashInferBackend(BaseAttnBackend):
 
     @cached_property
     def triton_decode_settings(self) -> Dict[str, int]:
-        """The kernel's settings: TRITON_DECODE_SETTINGS, then MINISGL_TRITON_DECODE_SETTINGS."""
-        return {**TRITON_DECODE_SETTINGS, **ENV.TRITON_DECODE_SETTINGS.value}
+        """The kernel's settings: TRITON_DECODE_SETTINGS, then MINISGL_TRITON_DECODE_SETTINGS;
+        the engine's page size where page_runs is on."""
+        settings = {**TRITON_DECODE_SETTINGS, **ENV.TRITON_DECODE_SETTINGS.value}
+        settings["page_size"] = get_global_ctx().page_size if settings.pop("page_runs") else 1
+        return settings
 
     def prepare_metadata(self, batch: Batch) -> None:
         reqs = batch.padded_reqs

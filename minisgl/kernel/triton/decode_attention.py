@@ -71,6 +71,7 @@ def _decode_piece_kernel(
     EQUAL: tl.constexpr,  # pieces of equal size (see _piece)
     UPCAST: tl.constexpr,  # products in float32: Triton's CPU interpreter gets bfloat16 wrong
     MERGE_HERE: tl.constexpr,  # the request's last piece to finish merges (no second kernel)
+    PAGE_RUNS: tl.constexpr,  # every BLOCK_N keys lie in BLOCK_N consecutive slots
 ):
     request = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -98,7 +99,10 @@ def _decode_piece_kernel(
         for offset in range(start, stop, BLOCK_N):
             keys = offset + tl.arange(0, BLOCK_N)
             key_mask = keys < stop
-            slots = tl.load(indices_ptr + keys, mask=key_mask, other=0).to(tl.int64)
+            if PAGE_RUNS:  # one index, not BLOCK_N: the load no longer waits on a gather
+                slots = tl.load(indices_ptr + offset).to(tl.int64) + tl.arange(0, BLOCK_N)
+            else:
+                slots = tl.load(indices_ptr + keys, mask=key_mask, other=0).to(tl.int64)
             k = tl.load(
                 k_ptr + slots[:, None] * k_stride_t + kv_head * k_stride_h + dims[None, :],
                 mask=key_mask[:, None],
@@ -235,12 +239,14 @@ def decode_attention_triton(
     num_stages: int = 2,
     merge_here: bool = False,
     equal: bool = False,
+    page_size: int = 1,
 ) -> torch.Tensor:
     """One decode step's attention: q [batch, q_heads, head_dim], the caches [slots, kv_heads,
     head_dim], request r's keys at slots indices[indptr[r]:indptr[r + 1]]. Each request's keys
     go to at most `splits` programs per key/value head, each taking `chunk` keys or more
     (`equal`: as many pieces, of equal size). `merge_here`: the last piece merges, no second
-    kernel.
+    kernel. `page_size`: each request's keys fill whole pages of that many consecutive slots,
+    first to last; where `block_n` divides it, each load of keys takes one index.
     Returns [batch, q_heads, head_dim] in q's dtype."""
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
@@ -283,6 +289,7 @@ def decode_attention_triton(
         EQUAL=equal,
         UPCAST=os.environ.get("TRITON_INTERPRET") == "1",
         MERGE_HERE=merge_here,
+        PAGE_RUNS=page_size % block_n == 0,
         num_warps=num_warps,
         num_stages=num_stages,
     )
