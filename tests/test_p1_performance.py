@@ -501,12 +501,20 @@ def test_the_side_table_compares_every_engine_with_the_last() -> None:
 
 
 @pytest.mark.parametrize(
-    "merge_here, equal, page_size",
-    [(True, False, 1), (False, False, 1), (True, True, 1), (False, False, 32), (True, True, 32)],
+    "merge_here, equal, page_size, tma",
+    [
+        (True, False, 1, False),
+        (False, False, 1, False),
+        (True, True, 1, False),
+        (False, False, 32, False),
+        (True, True, 32, False),
+        (False, False, 32, True),
+        (True, True, 32, True),
+    ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
-    dtype, merge_here, equal, page_size
+    dtype, merge_here, equal, page_size, tma
 ) -> None:
     """The Triton decode kernel (chunks of at least 16 keys, at most 4 per request and head,
     merged by the last piece to finish or by a second kernel; pieces of equal size or a
@@ -514,7 +522,9 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
     written out in float32, for ragged lengths: one key, fewer than a chunk, exactly one
     chunk, and more keys than 4 chunks hold (longer pieces); two query heads per key/value
     head. Keys at scattered slots, or in whole pages of 32 slots taken in a random order (the
-    kernel then reads one index per 16 keys). The counters of finished pieces end at zero."""
+    kernel then reads one index per 16 keys, and with TMA whole tiles; the cache's unused
+    slots hold NaN, which must not reach the output). The counters of finished pieces end at
+    zero."""
     from minisgl.kernel.triton import decode_attention
     from minisgl.kernel.triton.decode_attention import decode_attention_triton
 
@@ -522,6 +532,7 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
     lengths, q_heads, kv_heads, head_dim = [1, 5, 16, 37, 64, 300], 4, 2, 32
     k = torch.randn(600, kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(600, kv_heads, head_dim, generator=gen).to(dtype)
+    unused = torch.ones(600, dtype=torch.bool)
     q = torch.randn(len(lengths), q_heads, head_dim, generator=gen).to(dtype)
     if page_size == 1:
         indices = torch.randperm(600, generator=gen)[: sum(lengths)].to(torch.int32)
@@ -533,9 +544,11 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
             for n in lengths
         ]).to(torch.int32)  # fmt: skip
     indptr = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+    unused[indices.long()] = False
+    k[unused], v[unused] = float("nan"), float("nan")
     out = decode_attention_triton(
         q, k, v, indptr, indices, splits=4, chunk=16, block_n=16, merge_here=merge_here,
-        equal=equal, page_size=page_size,
+        equal=equal, page_size=page_size, tma=tma,
     )  # fmt: skip
     assert not decode_attention._COUNTERS[q.device].any()
     for r in range(len(lengths)):

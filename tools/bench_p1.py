@@ -10,7 +10,7 @@ engine before and after the project and beside the official one, and where the t
     python tools/bench_p1.py attention      # the decode attention kernel alone
     python tools/bench_p1.py attention-run  # ... at the shapes of the run's decode steps
     python tools/bench_p1.py norms-rope     # the fused q/k norms and RoPE against FlashInfer
-    python tools/bench_p1.py decode-kernels [--set options|settings]
+    python tools/bench_p1.py decode-kernels [--set options|settings|tma]
                                             # the book's decode kernel against FlashInfer's
     python tools/bench_p1.py sampler        # the Gumbel-max sampler against FlashInfer's
 
@@ -90,6 +90,7 @@ ATTENTION_RUN_OUT = ROOT / "docs" / "data" / "p1-attention-run.md"
 DECODE_KERNELS_OUT = {
     "options": ROOT / "docs" / "data" / "p1-decode-options.md",
     "settings": ROOT / "docs" / "data" / "p1-decode-settings.md",
+    "tma": ROOT / "docs" / "data" / "p1-decode-tma.md",
 }
 NORMS_ROPE_OUT = ROOT / "docs" / "data" / "p1-norms-rope.md"
 SAMPLER_OUT = ROOT / "docs" / "data" / "p1-sampler.md"
@@ -841,6 +842,23 @@ DECODE_KERNEL_SETS = {
         "unless the label says otherwise; an index per key: the slot of every key is read; page "
         "runs: the slot of the first of every 64 keys, the others follow it (the workload's "
         "pages hold 256 slots)",
+    ),
+    # the keys and values by the GPU's bulk copies (docs/data/p1-decode-tma.md)
+    "tma": DecodeKernels(
+        {
+            "page runs (the engine's)": dict(splits=8, chunk=256, num_stages=3, page_size=256),
+            "TMA": dict(splits=8, chunk=256, num_stages=3, page_size=256, tma=True),
+            "TMA, 2 stages": dict(splits=8, chunk=256, num_stages=2, page_size=256, tma=True),
+            "TMA, 4 stages": dict(splits=8, chunk=256, num_stages=4, page_size=256, tma=True),
+            "TMA, 128 keys, 2 stages": dict(
+                splits=8, chunk=256, num_stages=2, page_size=256, block_n=128, tma=True
+            ),
+        },
+        "Triton: each request's keys in at most 8 pieces per key/value head of at least 256 keys, "
+        "64 loaded at a time, 4 warps, 3 stages, two kernels, one index per 64 keys (page runs), "
+        "unless the label says otherwise; TMA: each load of keys or values is one bulk copy of "
+        "a tile of the cache (Hopper's tensor memory accelerator) instead of the threads' own "
+        "loads",
     ),
 }
 

@@ -27,6 +27,7 @@ from typing import Dict
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 
 @triton.jit
@@ -45,8 +46,8 @@ def _piece(
 @triton.jit
 def _decode_piece_kernel(
     q_ptr,
-    k_ptr,
-    v_ptr,
+    k_ptr,  # [slots, kv_heads, head_dim]; with TMA, a descriptor of [slots, kv_heads * head_dim]
+    v_ptr,  # the same for the values
     indptr_ptr,  # [batch + 1]: request r's keys are indices[indptr[r]:indptr[r + 1]]
     indices_ptr,  # the key/value slot of each key
     part_o_ptr,  # [batch, q_heads, SPLITS, head_dim] float32: each piece's result
@@ -72,6 +73,7 @@ def _decode_piece_kernel(
     UPCAST: tl.constexpr,  # products in float32: Triton's CPU interpreter gets bfloat16 wrong
     MERGE_HERE: tl.constexpr,  # the request's last piece to finish merges (no second kernel)
     PAGE_RUNS: tl.constexpr,  # every BLOCK_N keys lie in BLOCK_N consecutive slots
+    TMA: tl.constexpr,  # (with PAGE_RUNS) the keys and values by the GPU's bulk copies
 ):
     request = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -100,14 +102,18 @@ def _decode_piece_kernel(
             keys = offset + tl.arange(0, BLOCK_N)
             key_mask = keys < stop
             if PAGE_RUNS:  # one index, not BLOCK_N: the load no longer waits on a gather
-                slots = tl.load(indices_ptr + offset).to(tl.int64) + tl.arange(0, BLOCK_N)
+                first_slot = tl.load(indices_ptr + offset)
+                slots = first_slot.to(tl.int64) + tl.arange(0, BLOCK_N)
             else:
                 slots = tl.load(indices_ptr + keys, mask=key_mask, other=0).to(tl.int64)
-            k = tl.load(
-                k_ptr + slots[:, None] * k_stride_t + kv_head * k_stride_h + dims[None, :],
-                mask=key_mask[:, None],
-                other=0.0,
-            )
+            if TMA:  # a whole tile: the keys past `stop` are read too, and masked below
+                k = k_ptr.load([first_slot, kv_head * HEAD_DIM])
+            else:
+                k = tl.load(
+                    k_ptr + slots[:, None] * k_stride_t + kv_head * k_stride_h + dims[None, :],
+                    mask=key_mask[:, None],
+                    other=0.0,
+                )
             if UPCAST:
                 k = k.to(tl.float32)
             scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
@@ -116,11 +122,14 @@ def _decode_piece_kernel(
             shrink = tl.exp2(best - new_best)
             weights = tl.exp2(scores - new_best[:, None])
             total = total * shrink + tl.sum(weights, 1)
-            v = tl.load(
-                v_ptr + slots[:, None] * v_stride_t + kv_head * v_stride_h + dims[None, :],
-                mask=key_mask[:, None],
-                other=0.0,
-            )
+            if TMA:  # slots past `stop` may hold anything, NaN too: 0 x NaN would spread
+                v = tl.where(key_mask[:, None], v_ptr.load([first_slot, kv_head * HEAD_DIM]), 0.0)
+            else:
+                v = tl.load(
+                    v_ptr + slots[:, None] * v_stride_t + kv_head * v_stride_h + dims[None, :],
+                    mask=key_mask[:, None],
+                    other=0.0,
+                )
             if UPCAST:
                 v = v.to(tl.float32)
             acc = acc * shrink[:, None] + tl.dot(weights.to(v.dtype), v, input_precision="ieee")
@@ -225,6 +234,13 @@ def _zeroed_counters(device: torch.device, n: int) -> torch.Tensor:
     return _COUNTERS[device]
 
 
+def _tile_source(cache: torch.Tensor, block_n: int) -> TensorDescriptor:
+    """The cache [slots, kv_heads, head_dim] as rows of slots, read in tiles of block_n slots
+    by one head's head_dim."""
+    slots, kv_heads, head_dim = cache.shape
+    return TensorDescriptor.from_tensor(cache.view(slots, kv_heads * head_dim), [block_n, head_dim])
+
+
 def decode_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -240,13 +256,15 @@ def decode_attention_triton(
     merge_here: bool = False,
     equal: bool = False,
     page_size: int = 1,
+    tma: bool = False,
 ) -> torch.Tensor:
     """One decode step's attention: q [batch, q_heads, head_dim], the caches [slots, kv_heads,
     head_dim], request r's keys at slots indices[indptr[r]:indptr[r + 1]]. Each request's keys
     go to at most `splits` programs per key/value head, each taking `chunk` keys or more
     (`equal`: as many pieces, of equal size). `merge_here`: the last piece merges, no second
     kernel. `page_size`: each request's keys fill whole pages of that many consecutive slots,
-    first to last; where `block_n` divides it, each load of keys takes one index.
+    first to last; where `block_n` divides it, each load of keys takes one index, and `tma`
+    loads the keys and values by the GPU's bulk copies (Hopper's TMA) instead of the threads.
     Returns [batch, q_heads, head_dim] in q's dtype."""
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
@@ -255,16 +273,19 @@ def decode_attention_triton(
     assert k_cache.stride(2) == v_cache.stride(2) == q.stride(2) == 1
     assert chunk % block_n == 0, (chunk, block_n)
     scale = sm_scale if sm_scale is not None else head_dim**-0.5
+    page_runs = page_size % block_n == 0
+    assert page_runs or not tma, "TMA reads runs of consecutive slots: pages of block_n or more"
     part_o = q.new_empty((batch, q_heads, splits, head_dim), dtype=torch.float32)
     part_lse = q.new_empty((batch, q_heads, splits), dtype=torch.float32)
     out = torch.empty_like(q)
     if batch == 0:
         return out
     counters = _zeroed_counters(q.device, batch * kv_heads)
+    keys, values = (_tile_source(c, block_n) if tma else c for c in (k_cache, v_cache))
     _decode_piece_kernel[(batch, kv_heads, splits)](
         q,
-        k_cache,
-        v_cache,
+        keys,
+        values,
         indptr,
         indices,
         part_o,
@@ -289,7 +310,8 @@ def decode_attention_triton(
         EQUAL=equal,
         UPCAST=os.environ.get("TRITON_INTERPRET") == "1",
         MERGE_HERE=merge_here,
-        PAGE_RUNS=page_size % block_n == 0,
+        PAGE_RUNS=page_runs,
+        TMA=tma,
         num_warps=num_warps,
         num_stages=num_stages,
     )
