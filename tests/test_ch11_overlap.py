@@ -8,7 +8,7 @@ the behaviour it guards against.
 
 from __future__ import annotations
 
-from typing import Dict, List, Set
+from typing import Dict, List, Set, Tuple
 
 import pytest
 import torch
@@ -554,12 +554,45 @@ def request_strategy():
     return st.one_of(ok, ok, ok, bad_id, empty)
 
 
-def greedy_reference(model, prompt: List[int], n: int, eos: int, max_seq_len: int) -> List[int]:
+# float32 logits closer than this may swap places when the same sums run in another order
+# (step 0 computes one request at a time, the engine a batch): random prompts find such ties
+NEAR_TIE = 1e-4
+
+
+def greedy_reference(
+    model, prompt: List[int], n: int, eos: int, max_seq_len: int
+) -> Tuple[List[int], int]:
     """What LLM.generate must return: step 0's greedy tokens, capped to what fits the engine,
-    ending before the EOS."""
+    ending before the EOS; and how many of them are sure: all (len + 1, the end included)
+    unless a token was chosen by a margin below NEAR_TIE, where the engine may take the
+    runner-up and go its own way from there."""
     n = min(n, max_seq_len - len(prompt))
-    tokens = model.generate(prompt, n) if n > 0 else []
-    return tokens[: tokens.index(eos)] if eos in tokens else tokens
+    margins: List[float] = []
+    forward = model.forward
+
+    def recorded(ids: torch.Tensor, start: int) -> torch.Tensor:
+        logits = forward(ids, start)
+        top2 = logits.topk(2).values
+        margins.append(float(top2[0] - top2[1]))
+        return logits
+
+    model.forward = recorded  # for this call only: the instance's attribute hides the method
+    try:
+        tokens = model.generate(prompt, n) if n > 0 else []
+    finally:
+        del model.forward
+    ties = [i for i, margin in enumerate(margins) if margin < NEAR_TIE]
+    expected = tokens[: tokens.index(eos)] if eos in tokens else tokens
+    return expected, ties[0] if ties else len(expected) + 1
+
+
+def agrees(ours: List[int], expected: List[int], sure: int, finished: bool = True) -> bool:
+    """The engine's tokens are the reference's (a prefix of them if not `finished`), up to
+    the first near tie (`sure` tokens) where there is one."""
+    if sure > len(expected) and finished:
+        return ours == expected
+    upto = sure if finished else min(sure, len(ours))
+    return ours[:upto] == expected[:upto]
 
 
 @pytest.fixture(scope="module")
@@ -570,8 +603,9 @@ def step0_qwen3():
 def test_random_mixes_of_valid_and_invalid_requests_on_tiny_pools(step0_qwen3) -> None:
     """Hypothesis throws mixes of servable and unservable requests at LLM.generate on pools of
     8 to 64 pages: a call with any unservable prompt is refused whole, naming each one and
-    holding nothing; the servable ones then get exactly their greedy tokens; after every
-    call, every page is free or cached and every slot is free."""
+    holding nothing; the servable ones then get exactly their greedy tokens (up to a near tie,
+    see greedy_reference); after every call, every page is free or cached and every slot is
+    free."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import strategies as st
 
@@ -604,11 +638,12 @@ def test_random_mixes_of_valid_and_invalid_requests_on_tiny_pools(step0_qwen3) -
             if good:
                 results = llm.generate([prompts[i] for i in good], [params[i] for i in good])
                 for i, result in zip(good, results):
-                    expected = greedy_reference(
+                    expected, sure = greedy_reference(
                         step0_qwen3, prompts[i], params[i].max_tokens, llm.eos_token_id,
                         llm.engine.max_seq_len,
                     )  # fmt: skip
-                    assert result["error"] is None and result["token_ids"] == expected, i
+                    assert result["error"] is None, i
+                    assert agrees(result["token_ids"], expected, sure), i
             llm.cache_manager.check_integrity()
             assert llm.table_manager.available_size == slots
 
@@ -618,8 +653,9 @@ def test_random_mixes_of_valid_and_invalid_requests_on_tiny_pools(step0_qwen3) -
 def test_random_arrivals_and_aborts_on_tiny_pools(step0_qwen3) -> None:
     """Requests arrive at random steps and some are aborted at random steps, on a pool of 8 to
     64 pages with 1 to 3 slots, overlap on: a finished request has its greedy tokens, an
-    aborted one a prefix of them, nothing is reused while in flight (InFlightChecks), and at
-    the end every page is free or cached and every slot is free."""
+    aborted one a prefix of them (up to a near tie, see greedy_reference), nothing is reused
+    while in flight (InFlightChecks), and at the end every page is free or cached and every
+    slot is free."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import strategies as st
 
@@ -665,11 +701,10 @@ def test_random_arrivals_and_aborts_on_tiny_pools(step0_qwen3) -> None:
             sched.shutdown()
         for uid, (prompt, n, _, abort_at) in enumerate(requests):
             ours = sched.outputs.get(uid, [])
-            expected = greedy_reference(step0_qwen3, prompt, n, eos, max_seq_len)
-            expected += [eos] if len(expected) < min(n, max_seq_len - len(prompt)) else []
-            if abort_at is None:
-                assert ours == expected, uid
-            else:
-                assert ours == expected[: len(ours)], uid
+            expected, sure = greedy_reference(step0_qwen3, prompt, n, eos, max_seq_len)
+            if len(expected) < min(n, max_seq_len - len(prompt)):  # the scheduler sends the EOS
+                sure += sure > len(expected)
+                expected += [eos]
+            assert agrees(ours, expected, sure, finished=abort_at is None), uid
 
     check()
