@@ -25,9 +25,9 @@ from triton.language.extra import libdevice
 
 @triton.jit
 def _log(x, FAST: tl.constexpr):
-    """ln(x): the GPU's one-instruction approximation (lg2.approx, relative error below
-    2^-21, far below what changes a draw) when FAST, else the exact one (Triton's CPU
-    interpreter knows only that)."""
+    """ln(x): the GPU's fast approximation (lg2.approx and a multiply, CUDA's __logf; an
+    error of a few millionths at most, far below what changes a draw) when FAST, else the
+    exact one (Triton's CPU interpreter knows only that)."""
     if FAST:
         return libdevice.fast_logf(x)
     return tl.log(x)
@@ -36,7 +36,7 @@ def _log(x, FAST: tl.constexpr):
 @triton.jit
 def _exponential(v, FAST: tl.constexpr):
     """E = -log(1 - v) for v uniform in [0, 1): exponential with mean 1. The small E that give
-    the largest noise come from small v, which tl.rand resolves to 2^-31; near 1, 1 - v would
+    the largest noise come from small v, which tl.rand4x resolves to 2^-31; near 1, 1 - v would
     keep only float32's 2^-24, so the series v + v^2/2 + v^3/3 takes the smallest v."""
     series = v * (1.0 + v * (0.5 + v * (1.0 / 3.0)))
     return tl.where(v < 1.0 / 1024.0, series, -_log(1.0 - v, FAST))
