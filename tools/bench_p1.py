@@ -795,25 +795,19 @@ class DecodeKernels:
     notes: str  # what the labels mean, under the table
 
 
+PIECES = dict(splits=8, chunk=256, num_stages=3)  # the engine's pieces, an index per key
+PAGE_RUNS = dict(PIECES, page_size=256)  # ... one index per 64 keys (the workload's pages)
 DECODE_KERNEL_SETS = {
     # the options of the merge and of the pieces' sizes (docs/data/p1-decode-kernels-h100.md)
     "options": DecodeKernels(
         {
-            "Triton 8 x 256, two kernels (the engine's)": dict(splits=8, chunk=256, num_stages=3),
-            "Triton 8 x 256, merged in the kernel": dict(
-                splits=8, chunk=256, num_stages=3, merge_here=True
-            ),
-            "Triton 8 x 256, equal pieces, two kernels": dict(
-                splits=8, chunk=256, num_stages=3, equal=True
-            ),
-            "Triton 8 x 256, equal, merged": dict(
-                splits=8, chunk=256, num_stages=3, equal=True, merge_here=True
-            ),
-            "Triton 8 x 128, equal, merged": dict(
-                splits=8, chunk=128, num_stages=3, equal=True, merge_here=True
-            ),
+            "Triton 8 x 256, two kernels (the engine's)": PIECES,
+            "Triton 8 x 256, merged in the kernel": dict(PIECES, merge_here=True),
+            "Triton 8 x 256, equal pieces, two kernels": dict(PIECES, equal=True),
+            "Triton 8 x 256, equal, merged": dict(PIECES, equal=True, merge_here=True),
+            "Triton 8 x 128, equal, merged": dict(PIECES, chunk=128, equal=True, merge_here=True),
             "Triton 16 x 128, equal, merged": dict(
-                splits=16, chunk=128, num_stages=3, equal=True, merge_here=True
+                PIECES, splits=16, chunk=128, equal=True, merge_here=True
             ),
         },
         "Triton S x C: each request's keys in at most S pieces per key/value head, each of at "
@@ -825,17 +819,13 @@ DECODE_KERNEL_SETS = {
     # (docs/data/p1-decode-settings.md)
     "settings": DecodeKernels(
         {
-            "Triton, an index per key": dict(splits=8, chunk=256, num_stages=3),
-            "page runs (the engine's)": dict(splits=8, chunk=256, num_stages=3, page_size=256),
-            "page runs, 128 keys, 2 stages": dict(
-                splits=8, chunk=256, num_stages=2, page_size=256, block_n=128
-            ),
-            "page runs, 8 warps": dict(
-                splits=8, chunk=256, num_stages=3, page_size=256, num_warps=8
-            ),
-            "page runs, 4 stages": dict(splits=8, chunk=256, num_stages=4, page_size=256),
-            "page runs, 4 x 512": dict(splits=4, chunk=512, num_stages=3, page_size=256),
-            "page runs, 16 x 256": dict(splits=16, chunk=256, num_stages=3, page_size=256),
+            "Triton, an index per key": PIECES,
+            "page runs (the engine's)": PAGE_RUNS,
+            "page runs, 128 keys, 2 stages": dict(PAGE_RUNS, num_stages=2, block_n=128),
+            "page runs, 8 warps": dict(PAGE_RUNS, num_warps=8),
+            "page runs, 4 stages": dict(PAGE_RUNS, num_stages=4),
+            "page runs, 4 x 512": dict(PAGE_RUNS, splits=4, chunk=512),
+            "page runs, 16 x 256": dict(PAGE_RUNS, splits=16),
         },
         "Triton: each request's keys in at most 8 pieces per key/value head of at least 256 keys "
         "(S x C: S pieces of at least C), 64 loaded at a time, 4 warps, 3 stages, two kernels, "
@@ -846,13 +836,11 @@ DECODE_KERNEL_SETS = {
     # the keys and values by the GPU's bulk copies (docs/data/p1-decode-tma.md)
     "tma": DecodeKernels(
         {
-            "page runs (the engine's)": dict(splits=8, chunk=256, num_stages=3, page_size=256),
-            "TMA": dict(splits=8, chunk=256, num_stages=3, page_size=256, tma=True),
-            "TMA, 2 stages": dict(splits=8, chunk=256, num_stages=2, page_size=256, tma=True),
-            "TMA, 4 stages": dict(splits=8, chunk=256, num_stages=4, page_size=256, tma=True),
-            "TMA, 128 keys, 2 stages": dict(
-                splits=8, chunk=256, num_stages=2, page_size=256, block_n=128, tma=True
-            ),
+            "page runs (the engine's)": PAGE_RUNS,
+            "TMA": dict(PAGE_RUNS, tma=True),
+            "TMA, 2 stages": dict(PAGE_RUNS, num_stages=2, tma=True),
+            "TMA, 4 stages": dict(PAGE_RUNS, num_stages=4, tma=True),
+            "TMA, 128 keys, 2 stages": dict(PAGE_RUNS, num_stages=2, block_n=128, tma=True),
         },
         "Triton: each request's keys in at most 8 pieces per key/value head of at least 256 keys, "
         "64 loaded at a time, 4 warps, 3 stages, two kernels, one index per 64 keys (page runs), "
