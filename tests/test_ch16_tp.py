@@ -54,7 +54,8 @@ def run_ranks(target, size: int, *args: object) -> List[object]:
 
     # the fork server of this pytest process starts with its first worker, and imports then
     # what the first call names: name here what every rank of this file needs (the scheduler
-    # brings the layers, the engine and transformers), or each rank imports it again
+    # brings the layers and the engine; transformers' auto classes come with every fork
+    # server), or each rank imports it again
     ctx = worker_context([__name__, "minisgl.scheduler", "examples.helpers.scheduler_process"])
     out: mp.Queue = ctx.Queue()
     store = tempfile.mktemp(prefix="minisgl-test-ranks-")

@@ -38,12 +38,13 @@ import zmq.asyncio
 T = TypeVar("T")
 
 LINGER_MS = 1000  # how long closing a socket may wait to flush what it still holds
-# what a worker imports: the scheduler (torch, the engine), the tokenizer (transformers), and
-# the modules behind AutoConfig and AutoTokenizer, which transformers imports at their first
-# use (0.8 s); a module this chapter's tree does not have yet is skipped
-WORKER_MODULES = (
-    "minisgl.scheduler",
-    "minisgl.tokenizer",
+# what a worker imports: the scheduler (torch, the engine) and the tokenizer (transformers); a
+# module this chapter's tree does not have yet is skipped
+WORKER_MODULES = ("minisgl.scheduler", "minisgl.tokenizer")
+# what every fork server imports besides, whatever its workers: each of them reads a model's
+# config or tokenizer, and transformers imports the modules behind AutoConfig and AutoTokenizer
+# only at their first use (1 to 2 s of every worker's start otherwise)
+HF_MODULES = (
     "transformers.models.auto.configuration_auto",
     "transformers.models.auto.tokenization_auto",
 )
@@ -239,12 +240,13 @@ def worker_context(preload: Sequence[str] = WORKER_MODULES) -> BaseContext:
     does not import torch and transformers again (3 to 6 s each on a laptop CPU).
 
     Name in `preload` the module of the worker's target: unpickling the target imports it.
-    The first call that starts a worker starts the fork server; later calls share it.
+    The fork server also imports `HF_MODULES`. The first call that starts a worker starts the
+    fork server; later calls share it.
 
     One thing differs: a worker sees the environment variables of the moment the fork server
     started, not of the moment the worker did. Set them before the first worker starts."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(preload))  # the fork server skips a module it cannot import
+    ctx.set_forkserver_preload([*preload, *HF_MODULES])  # it skips a module it cannot import
     return ctx
 
 
