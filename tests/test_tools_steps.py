@@ -487,29 +487,6 @@ def test_a_hung_main_and_its_child_are_killed_and_reported(tmp_path: Path, prelo
     assert is_gone(child), f"the child {child} is still running"
 
 
-@pytest.mark.parametrize("preload", [False, True], ids=["fresh", "preloaded"])
-def test_a_command_run_nicer_starts_its_children_nicer_too(tmp_path: Path, preload: bool) -> None:
-    """The check runs its mains at a lower priority than its tests (MAINS_NICE): the command
-    and what it starts."""
-    script = tmp_path / "nice.py"
-    script.write_text(
-        "import os, subprocess, sys\n"
-        "print(os.nice(0), subprocess.run([sys.executable, '-c', 'import os; print(os.nice(0))'],"
-        " capture_output=True, text=True).stdout.strip())\n"
-    )
-    preloader = Preloader.start() if preload else None
-    supervise.use_preloader(preloader)
-    try:
-        before = os.nice(0)
-        runs = [supervise.run([sys.executable, str(script)], tmp_path, dict(os.environ), 60, n)
-                for n in (0, 3)]  # fmt: skip
-    finally:
-        supervise.use_preloader(None)
-        if preloader is not None:
-            preloader.stop()
-    assert [r.stdout.split() for r in runs] == [[str(before)] * 2, [str(before + 3)] * 2]
-
-
 def test_a_main_that_leaves_a_process_running_fails(tmp_path: Path) -> None:
     main_text = f"""
 import subprocess, sys

@@ -53,8 +53,6 @@ def _child(request: Dict, base_path: List[str]) -> None:
     code = 1
     try:
         os.setsid()
-        if request.get("nice"):
-            os.nice(request["nice"])
         os.chdir(request["cwd"])
         import multiprocessing.process
 
@@ -251,13 +249,7 @@ class Preloader:
         return len(cmd) >= 2 and cmd[0] == sys.executable and (cmd[1] == "-m" or cmd[1][0] != "-")
 
     def spawn(
-        self,
-        cmd: Sequence[str],
-        cwd: Path,
-        env: Dict[str, str],
-        stdout: Path,
-        stderr: Path,
-        nice: int = 0,
+        self, cmd: Sequence[str], cwd: Path, env: Dict[str, str], stdout: Path, stderr: Path
     ) -> PreloadedProcess:
         if self.proc.poll() is not None:
             raise RuntimeError(f"the preloader exited with {self.proc.returncode}")
@@ -272,7 +264,6 @@ class Preloader:
                 "env": env,
                 "stdout": str(stdout),
                 "stderr": str(stderr),
-                "nice": nice,
             }
             assert self.proc.stdin is not None
             self.proc.stdin.write((json.dumps(request) + "\n").encode())

@@ -204,15 +204,14 @@ def run_main(
     verbose: bool = False,
     check_prints: bool = True,
     threads: Optional[int] = None,
-    nice: int = 0,
 ) -> None:
-    """Build the chapter's tree and run its main there (at priority `nice`); fill in `row`."""
+    """Build the chapter's tree and run its main there; fill in `row`."""
     chapter, number = row.chapter, row.chapter.number
     work, tree = _start_tree(book, chapter, "main")
     try:
         row.files = len(book.package_files(number))
         env = isolated_env(book.package, number, tree, threads)
-        main = supervise.run([sys.executable, chapter.main], tree, env, chapter.timeout, nice)
+        main = supervise.run([sys.executable, chapter.main], tree, env, chapter.timeout)
         row.stdout, row.main_seconds = main.stdout, main.seconds
         row.main_ok = main.returncode == 0 and not main.left_behind
         if verbose:
@@ -240,15 +239,10 @@ def run_main(
         _finish_tree(work, keep, chapter)
 
 
-# The tests run chapter after chapter: they are the check's longest path, and the mains, which
-# wait for nothing, finish long before them. So a chapter's tests are shared, test file by test
-# file, between one pytest process per SPLIT_S seconds they are expected to take (from their
-# last run), at most MAX_GROUPS; and while tests run beside them the mains run at a lower
-# priority (MAINS_NICE): the tests take the cores first, the mains fill the gaps. On 2 cores
-# (the CI's machine), a whole check: 11m00 before, in a fresh clone.
-SPLIT_S = 15.0
-MAX_GROUPS = 3
-MAINS_NICE = 5
+# A chapter's tests expected to take longer than this (from their last run) are shared between
+# two pytest processes, test file by test file: the tests run chapter after chapter, and alone
+# they would keep one core busy while the other waits (the mains finish long before them).
+SPLIT_S = 30.0
 
 
 def run_chapter_tests(
@@ -282,9 +276,7 @@ def run_chapter_tests(
         if not selection.arguments:
             return
         expected = sum(selector.seconds(a) for a in selection.arguments)
-        groups = selection.groups(
-            selector.seconds, min(MAX_GROUPS, max(1, int(expected // SPLIT_S)))
-        )
+        groups = selection.groups(selector.seconds, 2 if expected > SPLIT_S else 1)
         runs = _in_parallel(
             [lambda g=g, i=i: _pytest(book, chapter, tree, work / f"run{i}", g, threads)
              for i, g in enumerate(groups)]
@@ -549,7 +541,7 @@ def _check(
     def work(kind: str, n: int, files: List[str]) -> None:
         row = rows[n]
         if kind == "main":
-            run_main(book, row, keep, verbose, check_prints, threads, MAINS_NICE if jobs > 1 else 0)
+            run_main(book, row, keep, verbose, check_prints, threads)
         else:
             run_chapter_tests(book, row, selector, all_tests, keep, test_threads, files or None)
 

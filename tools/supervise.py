@@ -133,22 +133,17 @@ def use_preloader(preloader: Optional[Preloader]) -> None:
 
 
 def _start(
-    cmd: Sequence[str], cwd: Path, env: Dict[str, str], out_path: Path, err_path: Path, nice: int
+    cmd: Sequence[str], cwd: Path, env: Dict[str, str], out_path: Path, err_path: Path
 ) -> Union[subprocess.Popen, PreloadedProcess]:
     if _PRELOADER is not None and _PRELOADER.handles(cmd):
-        return _PRELOADER.spawn(cmd, cwd, env, out_path, err_path, nice)
+        return _PRELOADER.spawn(cmd, cwd, env, out_path, err_path)
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         return subprocess.Popen(
-            list(cmd), cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True,
-            preexec_fn=(lambda: os.nice(nice)) if nice else None,
-        )  # fmt: skip
+            list(cmd), cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True
+        )
 
 
-def run(
-    cmd: Sequence[str], cwd: Path, env: Dict[str, str], timeout: float, nice: int = 0
-) -> Outcome:
-    """Run `cmd` in a process group of its own under `timeout`; `nice` lowers the priority of
-    the command and of every process it starts."""
+def run(cmd: Sequence[str], cwd: Path, env: Dict[str, str], timeout: float) -> Outcome:
     if _STOPPING.is_set():
         raise KeyboardInterrupt("interrupted: no new command is started")
     begin = time.perf_counter()
@@ -157,7 +152,7 @@ def run(
         stacks.mkdir()
         env = {**env, STACKS_ENV: str(stacks)}
         out_path, err_path = Path(work) / "stdout", Path(work) / "stderr"
-        proc = _start(cmd, cwd, env, out_path, err_path, nice)
+        proc = _start(cmd, cwd, env, out_path, err_path)
         with _RUNNING_LOCK:
             _RUNNING.add(proc.pid)
         try:
