@@ -58,16 +58,19 @@ def run_ranks(target, size: int, *args: object) -> List[object]:
     # server), or each rank imports it again
     ctx = worker_context([__name__, "minisgl.scheduler", "examples.helpers.scheduler_process"])
     out: mp.Queue = ctx.Queue()
-    store = tempfile.mktemp(prefix="minisgl-test-ranks-")
-    processes = [
-        ctx.Process(target=target, args=(rank, size, store, out, *args), name=f"rank {rank}")
-        for rank in range(size)
-    ]
-    with stopped_on_exit(*processes):
-        for p in processes:
-            p.start()
-        results = [receive(out, processes, RANK_TIMEOUT_S, "a rank's result") for _ in processes]
-        finish(processes)
+    with tempfile.TemporaryDirectory(prefix="minisgl-test-ranks-") as folder:
+        store = os.path.join(folder, "store")  # gloo's rendezvous file, gone with the folder
+        processes = [
+            ctx.Process(target=target, args=(rank, size, store, out, *args), name=f"rank {rank}")
+            for rank in range(size)
+        ]
+        with stopped_on_exit(*processes):
+            for p in processes:
+                p.start()
+            results = [
+                receive(out, processes, RANK_TIMEOUT_S, "a rank's result") for _ in processes
+            ]
+            finish(processes)
     return [r for r in sorted(results, key=lambda r: r[0])]  # type: ignore[index]
 
 

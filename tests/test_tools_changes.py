@@ -175,8 +175,11 @@ def test_what_code_reads():
     assert reaches({"attr"}, {".attr"}) == {"attr"}
 
 
-def test_a_changed_kernel_source_makes_the_modules_that_read_it_opaque():
-    # kernel/csrc/jit/store.cu is read by the modules of kernel/, the nearest folder with any
+def test_a_changed_kernel_source_counts_for_the_tests_that_ran_the_code_reading_it():
+    """kernel/csrc/jit/store.cu is read by the modules of kernel/, the nearest folder with any.
+    A module there that only defines and binds reads it when its functions run: a test that
+    can import the module but ran none of them cannot see the change. A module that does
+    more at import (it might compile the kernel then) becomes opaque."""
     old = {
         "pkg/kernel/store.py": "def store():\n    return 1\n",
         "pkg/kernel/csrc/jit/store.cu": "// v1\n",
@@ -184,7 +187,32 @@ def test_a_changed_kernel_source_makes_the_modules_that_read_it_opaque():
     }
     new = dict(old, **{"pkg/kernel/csrc/jit/store.cu": "// v2\n"})
     tc = tree_change(old, new)
-    assert tc.reasons(set(), set(), {"pkg/kernel/store.py"}) == [
+    assert tc.reasons(set(), set(), {"pkg/kernel/store.py"}) == []
+    assert tc.reasons({("pkg/kernel/store.py", "store")}, set(), {"pkg/kernel/store.py"}) == [
+        "pkg/kernel/store.py, whose code ran, reads pkg/kernel/csrc/jit/store.cu: changed"
+    ]
+    assert tc.reasons({("pkg/other.py", "f")}, set(), {"pkg/other.py"}) == []
+    at_import = {**old, "pkg/kernel/store.py": old["pkg/kernel/store.py"] + "KERNEL = store()\n"}
+    eager = tree_change(at_import, dict(at_import, **{"pkg/kernel/csrc/jit/store.cu": "// v2\n"}))
+    assert eager.reasons(set(), set(), {"pkg/kernel/store.py"}) == [
         "pkg/kernel/store.py: pkg/kernel/csrc/jit/store.cu changed"
     ]
-    assert tc.reasons(set(), set(), {"pkg/other.py"}) == []
+
+
+def test_making_a_named_tuple_of_the_package_or_reading_an_attribute_is_a_binding():
+    """`DEFAULT = KernelConfig(num_threads=128)`, KernelConfig a named tuple of another module
+    of the package, only builds a value, as `getattr(mod, "name", None)` only reads one: a new
+    module with such lines does nothing at import. A call to anything else does."""
+    utils = "from typing import NamedTuple\n\nclass KernelConfig(NamedTuple):\n    n: int\n"
+    store = "from .utils import KernelConfig as KC\n\nDEFAULT = KC(n=128)\n"
+    other = "import os\n\nF = getattr(os, 'sched_getaffinity', None) or os.cpu_count\n"
+    old = sources(utils=utils)
+    assert tree_change(old, sources(utils=utils, store=store, other=other)).files == {}
+    called = "from .utils import make\n\nDEFAULT = make(n=128)\n"
+    maker = utils + "\ndef make(n):\n    return KernelConfig(n)\n"
+    tc = tree_change(sources(utils=maker), sources(utils=maker, store=called))
+    assert tc.reasons(set(), set(), {"pkg/store.py"})[0].startswith("pkg/store.py: a statement")
+    # a class that runs code of its own on construction is not a named tuple here
+    hooked = utils + "\n    def __init_subclass__(cls):\n        print(cls)\n"
+    tc = tree_change(sources(utils=hooked), sources(utils=hooked, store=store))
+    assert tc.reasons(set(), set(), {"pkg/store.py"})

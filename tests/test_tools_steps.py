@@ -866,18 +866,22 @@ def test_a_tree_built_by_hand_imports_only_its_own_files(tmp_path: Path) -> None
 
 
 def test_an_interrupted_check_stops_everything_it_started(tmp_path: Path) -> None:
-    """SIGTERM (or Ctrl-C) to steps.py while a main hangs: steps.py stops within seconds, and
-    the main and its child, which run in a session of their own, are gone too."""
+    """SIGTERM (or Ctrl-C) to steps.py while a main hangs: steps.py stops within seconds, the
+    main and its child, which run in a session of their own, are gone too, and so are the
+    chapter's work folders."""
     import signal
     import time
 
     pid_file = tmp_path / "child.pid"
     hanging = HANGING_MAIN.replace('sys.argv[0] + ".pid"', repr(str(pid_file)))
     root = make_book(tmp_path / "book", {"examples/ch00_main.py": hanging})
+    temp = tmp_path / "temp"  # where the check makes its work folders
+    temp.mkdir()
     proc = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve().parents[1] / "tools" / "steps.py"),
          "--root", str(root), "check", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "TMPDIR": str(temp)},
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
@@ -894,6 +898,7 @@ def test_an_interrupted_check_stops_everything_it_started(tmp_path: Path) -> Non
     while not is_gone(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert is_gone(child)
+    assert not [p.name for p in temp.iterdir() if p.name.startswith("minisgl-ch00-")]
 
 
 def test_a_file_that_reran_some_of_its_tests_keeps_the_others(tmp_path: Path) -> None:

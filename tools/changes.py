@@ -20,7 +20,12 @@ could reach a test:
   counts as a member of that class;
 * a module now does something at import that is neither a definition nor a binding (a call at
   module level, an ``if`` or a ``try`` around definitions, a decorator not known to be pure):
-  the module is **opaque**, and every test whose files can import it reruns.
+  the module is **opaque**, and every test whose files can import it reruns. Making a named
+  tuple of the package (``KernelConfig(num_threads=128)``) is a binding, as is making an
+  object of a class of the same module;
+* a file that is not Python (a kernel source) changed: the modules of its folder read it. One
+  that does nothing at import but define and bind reads it only when its functions run, so
+  the tests that ran one of them rerun; any other becomes opaque.
 
 Names are compared without their module, which errs on the side of rerunning: a changed
 module-level ``config`` counts for every reader of a variable or an attribute ``config``. A
@@ -39,7 +44,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from tools.deps import is_type_checking_test
+from tools.deps import absolute_module, is_type_checking_test, module_name
 
 # Decorators that only wrap or describe the function they decorate and change nothing else.
 PURE_DECORATORS = {
@@ -111,6 +116,11 @@ PURE_CALLS = {
     "get",  # os.environ.get(...)
     "dtype",
     "device",
+    # they read attributes, as `obj.name` does, and look at types
+    "getattr",
+    "hasattr",
+    "isinstance",
+    "issubclass",
 }
 BUILTIN_NAMES = set(dir(builtins))
 
@@ -275,8 +285,33 @@ class ModuleSummary:
         return top | set(self.bindings)
 
 
-def summarise(source: str, filename: str = "<source>") -> ModuleSummary:
-    """The parts of a module that `diff` compares."""
+def named_tuples(source: str) -> Set[str]:
+    """The classes of a module that are named tuples (``class C(NamedTuple)`` with no method
+    of its own that runs on construction): making one builds a value and does nothing else."""
+    found = set()
+    for node in ast.parse(source).body:
+        if (
+            isinstance(node, ast.ClassDef)
+            and [_last_name(b) for b in node.bases] == ["NamedTuple"]
+            and not node.keywords
+            and not node.decorator_list
+            and not any(
+                isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and item.name in ("__new__", "__init__", "__init_subclass__")
+                for item in node.body
+            )
+        ):
+            found.add(node.name)
+    return found
+
+
+def summarise(
+    source: str, filename: str = "<source>", tuples: Optional[Dict[str, Set[str]]] = None
+) -> ModuleSummary:
+    """The parts of a module that `diff` compares. `tuples`: the package's named tuples
+    (dotted module -> class names, from `named_tuples`), which the module may make at import
+    as it makes its own classes' objects (`filename` is then the file's path in the package,
+    to resolve its relative imports)."""
     summary = ModuleSummary()
     tree = ast.parse(source, filename=filename)
     body = [s for s in tree.body if not is_type_checking(s)]
@@ -294,10 +329,13 @@ def summarise(source: str, filename: str = "<source>") -> ModuleSummary:
         elif isinstance(node, ast.ClassDef):
             summary.binders.append(Binder({node.name}, _add_class(summary, node, node.name, lazy)))
         elif isinstance(node, ast.ImportFrom):
+            source_module = absolute_module(filename, node.module, node.level)
             for alias in node.names:
                 bound = alias.asname or alias.name
                 summary.bindings[bound] = f"from {'.' * node.level}{node.module} {alias.name}"
                 summary.binders.append(Binder({bound}, {alias.name}))
+                if alias.name in (tuples or {}).get(source_module, ()):
+                    own_classes.add(bound)
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 bound = (alias.asname or alias.name).split(".")[0]
@@ -393,6 +431,7 @@ class FileChange:
     bodies: Set[str] = field(default_factory=set)  # qualnames whose body changed
     names: Set[str] = field(default_factory=set)  # names that mean something else now
     owners: Dict[str, Set[str]] = field(default_factory=dict)  # ".member" -> its classes
+    sources: List[str] = field(default_factory=list)  # changed files its functions read
 
 
 def diff(old: Optional[ModuleSummary], new: Optional[ModuleSummary]) -> FileChange:
@@ -504,6 +543,10 @@ class TreeChange:
             change = self.files.get(file)
             if change is not None and qualname in change.bodies:
                 why.append(f"{qualname} ({file}) changed")
+        for file in sorted({file for file, _ in executed}):
+            change = self.files.get(file)
+            if change is not None and change.sources:
+                why.append(f"{file}, whose code ran, reads {', '.join(change.sources)}: changed")
         for file, opaque in sorted(self.opaque_files().items()):
             if file in files:
                 why.append(f"{file}: {opaque[0]}")
@@ -520,12 +563,23 @@ class TreeChange:
         return why
 
 
+def _package_tuples(sources: Dict[str, str]) -> Dict[str, Set[str]]:
+    """Dotted module -> its named tuples, for every module of a package {path: source}."""
+    found = {}
+    for path, source in sources.items():
+        name = module_name(path)
+        if name is not None and (tuples := named_tuples(source)):
+            found[name] = tuples
+    return found
+
+
 def tree_change(old: Dict[str, str], new: Dict[str, str]) -> TreeChange:
     """Compare two packages given as {relative path: source}. A non-Python file that differs
-    makes the modules of the nearest folder above it that has modules opaque (kernel sources
-    are read at run time)."""
+    is read by the modules of the nearest folder above it that has modules (kernel sources are
+    read at run time): by their functions, or at import by one that does more than define."""
     files: Dict[str, FileChange] = {}
-    summaries = {p: summarise(s, p) for p, s in new.items() if p.endswith(".py")}
+    old_tuples, new_tuples = _package_tuples(old), _package_tuples(new)
+    summaries = {p: summarise(s, p, new_tuples) for p, s in new.items() if p.endswith(".py")}
     for path in sorted(set(old) | set(new)):
         if old.get(path) == new.get(path):
             continue
@@ -538,9 +592,13 @@ def tree_change(old: Dict[str, str], new: Dict[str, str]) -> TreeChange:
                 folder = folder.rsplit("/", 1)[0]
                 readers = [m for m in summaries if m.startswith(folder + "/")]
             for module in readers:
-                files.setdefault(module, FileChange()).opaque.append(f"{path} changed")
+                reader = files.setdefault(module, FileChange())
+                if summaries[module].opaque:
+                    reader.opaque.append(f"{path} changed")
+                else:
+                    reader.sources.append(path)
             continue
-        before = summarise(old[path], path) if path in old else None
+        before = summarise(old[path], path, old_tuples) if path in old else None
         change = diff(before, summaries.get(path))
         if change.opaque or change.bodies or change.names:
             merged = files.setdefault(path, FileChange())

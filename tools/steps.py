@@ -186,8 +186,16 @@ def _tail(text: str, lines: int) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+# The work folders of the runs in progress: an interrupted check removes them itself, since
+# the threads that would have are stopped with the process.
+_WORK: Set[Path] = set()
+_WORK_LOCK = threading.Lock()
+
+
 def _start_tree(book: Book, chapter: Manifest, what: str) -> Tuple[Path, Path]:
     work = Path(tempfile.mkdtemp(prefix=f"minisgl-{chapter.slug}-{what}-"))
+    with _WORK_LOCK:
+        _WORK.add(work)
     return work, book.build(chapter.number, work / "tree")
 
 
@@ -195,6 +203,15 @@ def _finish_tree(work: Path, keep: Optional[Path], chapter: Manifest) -> None:
     if keep is not None:
         shutil.copytree(work, keep / chapter.slug, dirs_exist_ok=True)
     shutil.rmtree(work, ignore_errors=True)
+    with _WORK_LOCK:
+        _WORK.discard(work)
+
+
+def _remove_work() -> None:
+    with _WORK_LOCK:
+        for work in _WORK:
+            shutil.rmtree(work, ignore_errors=True)
+        _WORK.clear()
 
 
 def run_main(
@@ -756,6 +773,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     except KeyboardInterrupt:
         supervise.stop_everything()
+        _remove_work()
         print("\ninterrupted: every process the check started is stopped", file=sys.stderr)
         return 130
     finally:
