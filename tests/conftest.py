@@ -26,6 +26,11 @@ from tests.support import left_out  # noqa: E402
 from tests.support.watchdog import TEST_TIMEOUT_S, Watchdog, leftovers, stop_all_children  # noqa: E402
 from tools.models import ensure_model  # noqa: E402
 from tools.processes import describe  # noqa: E402
+from tools.warm_forkserver import install as install_warm_forkserver  # noqa: E402
+
+# the fork server of the workers that tests start: a copy of this process, which has imported
+# torch already, instead of a fresh interpreter that imports it again (tools/warm_forkserver.py)
+install_warm_forkserver()
 
 IN_CHAPTER_TREE = "MINISGL_BOOK_CHAPTER" in os.environ
 # The tests are written for the CPU: they compare with transformers there. The mains follow

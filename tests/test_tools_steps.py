@@ -295,8 +295,13 @@ def test_manifests_that_lie_are_caught(
 ) -> None:
     root = make_book(tmp_path, overrides)
     assert message in "\n".join(Book(root).verify())
-    code, out = check(root, 0)
+    temp = tmp_path / "temp"  # where the check makes its work folders
+    temp.mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(temp))
+        code, out = check(root, 0)
     assert code != 0 and message in out
+    assert not list(temp.iterdir())  # a tree that could not be built leaves nothing behind
 
 
 def test_a_failing_test_fails_the_chapter(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ exactly as a fresh interpreter would, then runs its script or module.
     proc.wait(timeout=600)                           # like subprocess.Popen
 
 The child is the leader of a session of its own, so `tools/supervise.py` watches, dumps and
-kills its process group as it does for a process started with Popen. Only the commands
+kills its process group as it does for a process started with Popen. If the run starts workers,
+their fork server is a copy of it too (tools/warm_forkserver.py). Only the commands
 ``python SCRIPT ...`` and ``python -m MODULE ...`` go through here; anything else is started
 the usual way.
 """
@@ -21,6 +22,7 @@ the usual way.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import os
 import select
@@ -28,6 +30,7 @@ import signal
 import subprocess
 import sys
 import threading
+import types
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -48,6 +51,20 @@ PRELOADER_MARK = "preload.py serve"  # in the command line of the server and of 
 
 
 # ------------------------------------------------------------------ the server's side
+def _warm_forkserver() -> types.ModuleType:
+    """tools/warm_forkserver.py, loaded by its path (this folder is not on the runs' path)."""
+    module = sys.modules.get("book_warm_forkserver")
+    if module is None:
+        spec = importlib.util.spec_from_file_location(
+            "book_warm_forkserver", Path(HERE) / "warm_forkserver.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["book_warm_forkserver"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
 def _child(request: Dict, base_path: List[str]) -> None:
     """Become the run that `request` describes; never returns."""
     code = 1
@@ -86,6 +103,7 @@ def _child(request: Dict, base_path: List[str]) -> None:
             import torch
 
             torch.set_num_threads(int(threads))
+        _warm_forkserver().install()  # the run's fork server, if it needs one: a copy of this
         import runpy
 
         if module is not None:
@@ -129,6 +147,7 @@ def serve() -> None:
             __import__(name)
         except ImportError:
             pass
+    _warm_forkserver()
     import transformers  # noqa: F401  (its lazy submodules the runs use)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 

@@ -196,7 +196,11 @@ def _start_tree(book: Book, chapter: Manifest, what: str) -> Tuple[Path, Path]:
     work = Path(tempfile.mkdtemp(prefix=f"minisgl-{chapter.slug}-{what}-"))
     with _WORK_LOCK:
         _WORK.add(work)
-    return work, book.build(chapter.number, work / "tree")
+    try:
+        return work, book.build(chapter.number, work / "tree")
+    except BaseException:  # a manifest that names a missing file, say: nothing stays behind
+        _finish_tree(work, None, chapter)
+        raise
 
 
 def _finish_tree(work: Path, keep: Optional[Path], chapter: Manifest) -> None:

@@ -82,8 +82,17 @@ if os.environ.get("MINISGL_BOOK_RECORD"):  # tools/steps.py records what each te
 
     book_record.install(_TREE, _PKG, os.environ["MINISGL_BOOK_RECORD"])
 
-if os.environ.get("MINISGL_BOOK_STACKS") and hasattr(signal, "SIGUSR1"):
+
+def _open_stacks():
+    """<folder>/<pid>.txt for this process's stacks; again in a forked child, which is
+    another process (a fork server's workers, tools/warm_forkserver.py's copy)."""
+    global _STACKS
     _STACKS = open(os.path.join(os.environ["MINISGL_BOOK_STACKS"], f"{os.getpid()}.txt"), "w")
     _STACKS.write(" ".join(sys.argv) + "\n")
     _STACKS.flush()
     faulthandler.register(signal.SIGUSR1, file=_STACKS, all_threads=True)
+
+
+if os.environ.get("MINISGL_BOOK_STACKS") and hasattr(signal, "SIGUSR1"):
+    _open_stacks()
+    os.register_at_fork(after_in_child=_open_stacks)

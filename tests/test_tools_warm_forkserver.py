@@ -1,0 +1,96 @@
+"""tools/warm_forkserver.py: the fork server is the waiting copy of the process that
+made it, and a worker started from it sees what a fresh fork server's worker would see."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = """
+import os, sys
+
+
+def probe(queue):
+    print("a line from the worker", flush=True)
+    queue.put({
+        "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
+        "variable": os.environ.get("WARM_PROBE"), "inherited": "imported_first" in sys.modules,
+        "main": sys.modules["__main__"].__name__,
+    })
+"""
+
+SCRIPT = """
+import json, multiprocessing as mp, os, sys
+sys.path[:0] = [{root!r}, {folder!r}]
+import imported_first  # what the copy has, and a fresh interpreter would not
+from tools.warm_forkserver import install, zygote_pid
+assert install()
+copy = zygote_pid()
+os.environ["WARM_PROBE"] = "set after the copy was made"
+os.chdir({work!r})
+ctx = mp.get_context("forkserver")
+ctx.set_forkserver_preload(["probe"])
+queue = ctx.Queue()
+worker = ctx.Process(target=__import__("probe").probe, args=(queue,))
+worker.start()
+seen = queue.get(timeout=60)
+worker.join(60)
+from multiprocessing import forkserver
+print(json.dumps({{"copy": copy, "server": forkserver._forkserver._forkserver_pid, **seen}}))
+"""
+
+
+def run(tmp_path: Path, script: str) -> subprocess.CompletedProcess:
+    (tmp_path / "probe.py").write_text(PROBE)
+    (tmp_path / "imported_first.py").write_text("")
+    (tmp_path / "work").mkdir(exist_ok=True)
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )  # fmt: skip
+
+
+def test_the_fork_server_is_the_copy_and_its_worker_sees_the_moment_it_started(
+    tmp_path: Path,
+) -> None:
+    work = tmp_path / "work"
+    proc = run(tmp_path, SCRIPT.format(root=str(ROOT), folder=str(tmp_path), work=str(work)))
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["server"] == seen["copy"] == seen["ppid"]  # forked from the copy
+    assert seen["inherited"]  # it had what its parent had imported before the copy was made
+    assert seen["variable"] == "set after the copy was made"  # the environment of the spawn
+    assert seen["cwd"] == str(work)
+    assert seen["main"] == "__main__"
+    assert "a line from the worker" in proc.stdout  # the parent's stdout at the spawn
+
+
+def test_an_unused_copy_ends_with_its_parent_and_threads_prevent_one(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import sys, threading, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from tools import warm_forkserver
+        busy = threading.Thread(target=time.sleep, args=(1,))
+        busy.start()
+        assert not warm_forkserver.install()  # a second thread: no copy
+        busy.join()
+        assert warm_forkserver.install()
+        print(warm_forkserver.zygote_pid())
+    """)
+    proc = run(tmp_path, script)
+    assert proc.returncode == 0, proc.stderr
+    copy = int(proc.stdout.split()[-1])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{copy}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    state = (
+        Path(f"/proc/{copy}/stat").read_text().split()[2] if Path(f"/proc/{copy}").exists() else ""
+    )
+    assert state in ("", "Z")  # gone (or a zombie waiting for init to reap it)

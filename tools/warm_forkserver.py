@@ -1,0 +1,165 @@
+"""multiprocessing's fork server, started in milliseconds in a test process.
+
+The workers of the book's engine come from a fork server (`minisgl.utils.worker_context`).
+multiprocessing starts that server as a fresh interpreter, which imports torch and
+transformers' auto classes before the workers' own modules: about 4 s of one core, once in
+every process that starts a worker, and `tools/steps.py check` runs some 45 such processes.
+
+`install()`, which tests/conftest.py calls while pytest's process is still a single thread,
+forks a copy of that process (it has imported torch and transformers already) and leaves it
+waiting. When multiprocessing later spawns its fork server, the copy becomes that server
+instead: it receives the file descriptors the command was to get, and the standard streams,
+environment and working folder of that moment; it closes the pipes and sockets it inherited;
+and it runs the very command the fresh interpreter would have run
+(`from multiprocessing.forkserver import main; main(...)`), which imports the workers' modules
+as before. Only what the server finds imported already differs.
+
+Anything else that multiprocessing spawns (its resource tracker), a second fork server, and
+every process with more than one thread start the usual way. The copy ends with the process
+that made it, if no fork server was needed.
+"""
+
+from __future__ import annotations
+
+import ast
+import gc
+import os
+import signal
+import socket
+import stat
+import sys
+import threading
+import types
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+FORKSERVER_COMMAND = "from multiprocessing.forkserver import main"
+STDIO = [0, 1, 2]
+MAX_FDS = 16  # the descriptors one request carries: the standard streams and the server's 2-3
+
+_zygote: Optional[Tuple[int, socket.socket]] = None  # the copy's pid, and the way to reach it
+
+
+def install() -> bool:
+    """Make the copy and send multiprocessing's fork server to it; False where it cannot."""
+    global _zygote
+    import multiprocessing.util as mp_util
+
+    if _zygote is not None or getattr(mp_util.spawnv_passfds, "warm", False):
+        return True  # made already (by this module, or by another copy of it: tools/preload.py)
+    if not hasattr(socket, "send_fds") or threading.active_count() != 1:
+        return False  # a copy made now could hold a lock that another thread has
+
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        _wait(theirs)  # never returns
+    theirs.close()
+    _zygote = (pid, ours)
+    spawn: Callable[[str, List[str], Sequence[int]], int] = mp_util.spawnv_passfds
+
+    def spawnv_passfds(path: str, args: List[str], passfds: Sequence[int]) -> int:
+        global _zygote
+        command = args[-1] if len(args) >= 2 and args[-2] == "-c" else ""
+        if _zygote is None or not command.startswith(FORKSERVER_COMMAND):
+            return spawn(path, args, passfds)
+        (pid, channel), _zygote = _zygote, None  # one fork server per process
+        request = repr((command, list(passfds), dict(os.environ), os.getcwd())).encode()
+        socket.send_fds(channel, [len(request).to_bytes(8, "big"), request], [*STDIO, *passfds])
+        channel.close()
+        return pid
+
+    spawnv_passfds.warm = True  # type: ignore[attr-defined]
+    mp_util.spawnv_passfds = spawnv_passfds  # forkserver.py calls util.spawnv_passfds(...)
+    return True
+
+
+def zygote_pid() -> Optional[int]:
+    """The waiting copy's pid (None once it became the fork server, or if there is none)."""
+    return _zygote[0] if _zygote is not None else None
+
+
+# ------------------------------------------------------------------ the copy's side
+def _wait(channel: socket.socket) -> None:
+    """The copy's life: wait for the command, become it, exit. The parent's objects stay
+    untouched (frozen, out of the garbage collector's sight): finalising one could close a
+    descriptor whose number the command's files have taken."""
+    gc.freeze()
+    code = 1
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the tests, not for this
+        header, fds, _, _ = socket.recv_fds(channel, 8, MAX_FDS)
+        if not header:  # the parent ended without a fork server
+            code = 0
+            return
+        size, body = int.from_bytes(header, "big"), b""
+        while len(body) < size:
+            part = channel.recv(size - len(body))
+            if not part:
+                return
+            body += part
+        command, targets, environment, cwd = ast.literal_eval(body.decode())
+        _take(fds, [*STDIO, *targets], channel.fileno())
+        channel.close()
+        _become_fresh(environment, cwd)
+        main = types.ModuleType("__main__")
+        sys.modules["__main__"] = main
+        exec(compile(command, "<string>", "exec"), main.__dict__)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    except BaseException:  # noqa: BLE001 - reported as the fresh interpreter would
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _take(received: List[int], targets: List[int], channel: int) -> None:
+    """Give each received descriptor the number it had in the parent, and close every pipe
+    and socket the copy inherited (a fresh interpreter would have none of them)."""
+    for fd in _open_fds():
+        if fd not in received and fd != channel and fd not in STDIO and _is_pipe_or_socket(fd):
+            os.close(fd)
+    moved = [os.dup(fd) for fd in received]  # out of the way of the numbers being filled
+    for fd in received:
+        os.close(fd)
+    for fd, target in zip(moved, targets):
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+def _open_fds() -> List[int]:
+    return [int(name) for name in os.listdir("/proc/self/fd")]
+
+
+def _is_pipe_or_socket(fd: int) -> bool:
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def _become_fresh(environment: Dict[str, str], cwd: str) -> None:
+    """What a fresh `python -c` would have, that the copy of pytest's process has not."""
+    import faulthandler
+
+    os.environ.clear()
+    os.environ.update(environment)
+    os.chdir(cwd)
+    sys.argv = ["-c"]
+    faulthandler.disable()  # pytest's writes to a descriptor of its own
+    for fd in STDIO:
+        name = ("stdin", "stdout", "stderr")[fd]
+        stream = open(fd, "w" if fd else "r", closefd=False, errors="backslashreplace")
+        if fd:
+            stream.reconfigure(line_buffering=True, write_through=True)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    torch = sys.modules.get("torch")
+    if torch is not None:  # its default generator as a fresh import leaves it
+        torch.manual_seed(torch.initial_seed())
