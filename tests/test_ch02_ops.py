@@ -31,7 +31,6 @@ from minisgl.layers import (
     set_rope_device,
     silu_and_mul,
 )
-from minisgl.layers.embedding import lm_head_logits
 
 LLAMA3 = {
     "rope_type": "llama3",
@@ -226,18 +225,6 @@ def test_loading_is_strict() -> None:
         OPList([_Block()]).load_state_dict(
             {**good, "0.norm.weight": torch.zeros(4, dtype=torch.float64)}
         )
-
-
-@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9])
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_lm_head_logits_equal_f_linear(rows: int, with_bias: bool) -> None:
-    torch.manual_seed(rows)
-    weight, x = torch.randn(300, 16), torch.randn(rows, 16)
-    bias = torch.randn(300) if with_bias else None
-    logits = lm_head_logits(x, weight, bias)
-    assert logits.shape == (rows, 300) and logits.is_contiguous()
-    torch.testing.assert_close(logits, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
-    assert logits.argmax(dim=1).tolist() == F.linear(x, weight, bias).argmax(dim=1).tolist()
 
 
 def test_tied_and_untied_lm_heads() -> None:

@@ -15,23 +15,6 @@ import torch.nn.functional as F
 from .base import BaseOP
 
 
-def lm_head_logits(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`: logits [tokens, vocabulary] for hidden states [tokens,
-    hidden]. On a CPU, for the few rows of a decode step, it computes `weight @ x.T` instead:
-    MKL multiplies a few rows by a `[vocabulary, hidden]` matrix up to 5 times slower than it
-    multiplies the matrix by those rows as columns, and in a small model this product is most
-    of a decode step (`python tools/bench_lm_head.py` measures both). A single row gets a copy
-    of itself as a second column: one column takes MKL's matrix-vector path, slow as well."""
-    rows = x.shape[0]
-    if x.device.type != "cpu" or not 0 < rows <= 8:
-        return F.linear(x, weight, bias)
-    columns = x.T if rows > 1 else torch.cat([x, x]).T
-    logits = torch.mm(weight, columns)[:, :rows].T.contiguous()  # [tokens, vocabulary]
-    return logits if bias is None else logits + bias
-
-
 class VocabParallelEmbedding(BaseOP):
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
@@ -78,4 +61,4 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.tied_embedding.weight if self.tied_embedding is not None else self.weight
-        return lm_head_logits(x, weight, self.bias)
+        return F.linear(x, weight, self.bias)
