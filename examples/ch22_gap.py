@@ -24,6 +24,7 @@ from minisgl.models import ModelConfig  # noqa: E402
 from tools.models import MOE_PARITY_MODELS, SMOLLM2, ensure_model  # noqa: E402
 from tools.parity import book_dtype, eos_ids, run_parity  # noqa: E402
 
+NEW_TOKENS = 16  # per prompt of the parity check
 # (feature, the places in minisgl it would change), in the page's order
 PLUG_POINTS: List[Tuple[str, List[str]]] = [
     ("speculative decoding", [
@@ -153,7 +154,7 @@ def main() -> int:
     show_fp8_capacity()
 
     print("\n== the engine the book leaves behind, every token against transformers")
-    summary = run_parity(generate, models=MOE_PARITY_MODELS, max_new_tokens=16)
+    summary = run_parity(generate, models=MOE_PARITY_MODELS, max_new_tokens=NEW_TOKENS)
     return 0 if summary.ok else 1
 
 

@@ -33,6 +33,7 @@ from tools.bench_p1 import SAMPLER_LOGITS, gumbel_fit, show_limit, workload_limi
 from tools.models import MOE_PARITY_MODELS, ensure_model  # noqa: E402
 from tools.parity import load_example, run_parity  # noqa: E402
 
+NEW_TOKENS = 16  # per prompt of the parity check
 STEP_MODEL = "tiny-qwen3"
 STEP_REQUESTS = 64  # decode batches of this many requests, as a server at load sees them
 CPU = torch.device("cpu")
@@ -195,7 +196,7 @@ def main() -> int:
     print("\n== the engine after the project, every token against transformers")
     # chapter 22's generator: the same engine settings, on this project's tree
     generate = load_example("examples/ch22_gap.py").generate
-    summary = run_parity(generate, models=MOE_PARITY_MODELS, max_new_tokens=16)
+    summary = run_parity(generate, models=MOE_PARITY_MODELS, max_new_tokens=NEW_TOKENS)
     return 0 if summary.ok else 1
 
 

@@ -25,7 +25,7 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 import torch
 
-from examples.helpers.server_process import ServerProcess, sse_data, sse_events
+from examples.helpers.server_process import ServerProcess, child_env, sse_data, sse_events
 from minisgl.server.args import build_parser, parse_args
 from tools.parity import build_prompts, hf_references, load_tokenizer
 
@@ -43,7 +43,7 @@ TEXTS = ["The capital of France is", "def fibonacci(n):", QUESTION]
 ROOT = Path(__file__).resolve().parents[1]
 RECEIVED = "minisgl_requests_total"
 FINISHED = "minisgl_e2e_request_latency_seconds_count"
-ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+ENV = child_env()
 
 
 @pytest.fixture(scope="module")
@@ -450,8 +450,7 @@ class Terminal:
 
 def test_the_shell_chats_keeps_the_conversation_and_knows_its_commands(model_path) -> None:
     tok = load_tokenizer(MODEL)
-    env = dict(os.environ, MINISGL_SHELL_TEMPERATURE="0", MINISGL_SHELL_MAX_TOKENS=str(N),
-               PYTHONPATH=str(ROOT))  # fmt: skip
+    env = child_env(MINISGL_SHELL_TEMPERATURE="0", MINISGL_SHELL_MAX_TOKENS=str(N))
     term = Terminal([sys.executable, "-m", "minisgl.shell", "--model", str(model_path(MODEL)),
                      *FLAGS], env)  # fmt: skip
     try:
@@ -476,8 +475,7 @@ def test_the_shell_chats_keeps_the_conversation_and_knows_its_commands(model_pat
 
 
 def test_ctrl_c_in_the_shell_stops_the_answer_not_the_workers(model_path) -> None:
-    env = dict(os.environ, MINISGL_SHELL_TEMPERATURE="0", MINISGL_SHELL_MAX_TOKENS="100000",
-               PYTHONPATH=str(ROOT))  # fmt: skip
+    env = child_env(MINISGL_SHELL_TEMPERATURE="0", MINISGL_SHELL_MAX_TOKENS="100000")
     term = Terminal([sys.executable, "-m", "minisgl.shell", "--model", str(model_path(MODEL)),
                      "--num-pages", "4096", "--page-size", "4"], env)  # fmt: skip
     try:
@@ -531,3 +529,15 @@ def test_the_command_line(capsys, monkeypatch) -> None:
                  for flag in action.option_strings}  # fmt: skip
     for flag in UPSTREAM_FLAGS:
         assert explained.get(flag), f"--help does not explain {flag}"
+
+
+def test_a_child_keeps_the_path_it_inherits_behind_the_repository(monkeypatch) -> None:
+    """`python -m minisgl` as a child finds this repository's package first and keeps what
+    PYTHONPATH held: under `tools/steps.py check` that is the guard that records what the
+    child runs, without which a test of the server would rerun in no later chapter."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/guard", "/elsewhere"]))
+    env = child_env(LOG_LEVEL="INFO")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/guard", "/elsewhere"]
+    assert env["LOG_LEVEL"] == "INFO"
+    monkeypatch.delenv("PYTHONPATH")
+    assert child_env()["PYTHONPATH"] == str(ROOT)

@@ -94,3 +94,37 @@ def test_an_unused_copy_ends_with_its_parent_and_threads_prevent_one(tmp_path: P
         Path(f"/proc/{copy}/stat").read_text().split()[2] if Path(f"/proc/{copy}").exists() else ""
     )
     assert state in ("", "Z")  # gone (or a zombie waiting for init to reap it)
+
+
+ON_DEMAND = """
+import json, multiprocessing as mp, os, sys, threading, time
+sys.path[:0] = [{root!r}, {folder!r}]
+import imported_first  # a fork of this process has it, a fresh interpreter would not
+from tools.warm_forkserver import fork_on_demand
+fork_on_demand()
+busy = threading.Thread(target=time.sleep, args=(3,))
+if {busy!r}:
+    busy.start()  # a second thread: no fork, the usual fresh interpreter
+ctx = mp.get_context("forkserver")
+ctx.set_forkserver_preload(["probe"])
+queue = ctx.Queue()
+worker = ctx.Process(target=__import__("probe").probe, args=(queue,))
+worker.start()
+seen = queue.get(timeout=60)
+worker.join(60)
+from multiprocessing import forkserver
+print(json.dumps({{"me": os.getpid(), "server": forkserver._forkserver._forkserver_pid, **seen}}))
+"""
+
+
+def test_on_demand_the_fork_server_is_a_fork_made_at_its_spawn_unless_threads_run(
+    tmp_path: Path,
+) -> None:
+    for busy in (False, True):
+        script = ON_DEMAND.format(root=str(ROOT), folder=str(tmp_path), busy=busy)
+        proc = run(tmp_path, script)
+        assert proc.returncode == 0, proc.stderr
+        seen = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert seen["ppid"] == seen["server"] and seen["main"] == "__main__"
+        assert seen["inherited"] is not busy  # forked, or (a thread running) a fresh interpreter
+        assert "a line from the worker" in proc.stdout

@@ -387,20 +387,6 @@ def _build_tiny(spec: TinySpec, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def cache_long_references(names: List[str]) -> None:
-    """transformers' answers to chapter 11's mixed workload (26 prompts of up to 330 tokens, up
-    to 64 new tokens each), into the references cache (tools/parity.py). No test asks for them,
-    so without this the chapter's main computes them in the first `steps.py check`: about a
-    minute of one core, most of it SmolLM2."""
-    from tools.parity import _case_references, load_example
-
-    workload = load_example("examples/ch11_overlap.py").mixed_cases
-    for name in [n for n in names if n in PARITY_MODELS]:
-        cases = workload(name)
-        _case_references(name, cases)
-        print(f"{name:14s} transformers' answers to chapter 11's {len(cases)} prompts: cached")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="models to build (default: all)")
@@ -414,8 +400,9 @@ def main() -> None:
         folder = ensure_model(name)
         size = sum(f.stat().st_size for f in folder.iterdir())
         print(f"{name:14s} {size / 2**20:7.1f} MiB  {folder}")
-    if not args.no_references:
-        cache_long_references(names)
+    if not args.no_references:  # a script of its own: no test's code should name the mains
+        script = Path(__file__).with_name("main_references.py")
+        subprocess.run([sys.executable, str(script), *names], check=True)
 
 
 if __name__ == "__main__":

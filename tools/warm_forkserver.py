@@ -17,6 +17,13 @@ as before. Only what the server finds imported already differs.
 Anything else that multiprocessing spawns (its resource tracker), a second fork server, and
 every process with more than one thread start the usual way. The copy ends with the process
 that made it, if no fork server was needed.
+
+`fork_on_demand()` is the same idea without a copy made in advance: when multiprocessing
+spawns its fork server in a process that has one thread at that moment (and no CUDA), the
+process forks then, and the child becomes the fork server the same way. The isolation guard
+of `tools/steps.py` (tools/guard/sitecustomize.py) turns it on in every process of a chapter's
+run: `python -m minisgl` imports torch and transformers before it starts its workers, so its
+fork server need not import them again.
 """
 
 from __future__ import annotations
@@ -74,6 +81,43 @@ def install() -> bool:
     return True
 
 
+def fork_on_demand() -> None:
+    """Make multiprocessing's fork server a fork of this process, made at the moment it is
+    spawned, where this process then has one thread and has not initialised CUDA; otherwise
+    (and for anything else multiprocessing spawns) the usual fresh interpreter."""
+    import multiprocessing.util as mp_util
+
+    spawn: Callable[[str, List[str], Sequence[int]], int] = mp_util.spawnv_passfds
+    if getattr(spawn, "on_demand", False):
+        return
+
+    def spawnv_passfds(path: str, args: List[str], passfds: Sequence[int]) -> int:
+        command = args[-1] if len(args) >= 2 and args[-2] == "-c" else ""
+        if not command.startswith(FORKSERVER_COMMAND) or not _forkable():
+            return spawn(path, args, passfds)
+        pid = os.fork()
+        if pid == 0:
+
+            def prepare() -> None:
+                _close_inherited([*STDIO, *passfds])
+                _become_fresh(dict(os.environ), os.getcwd())
+
+            _run(command, prepare)  # never returns
+        return pid
+
+    spawnv_passfds.on_demand = True  # type: ignore[attr-defined]
+    mp_util.spawnv_passfds = spawnv_passfds
+
+
+def _forkable() -> bool:
+    """One thread (Python's count misses threads that C libraries start: ask the kernel),
+    and no CUDA context, which a forked child could not use."""
+    if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) != 1:
+        return False
+    torch = sys.modules.get("torch")
+    return torch is None or not torch.cuda.is_initialized()
+
+
 def zygote_pid() -> Optional[int]:
     """The waiting copy's pid (None once it became the fork server, or if there is none)."""
     return _zygote[0] if _zygote is not None else None
@@ -81,27 +125,39 @@ def zygote_pid() -> Optional[int]:
 
 # ------------------------------------------------------------------ the copy's side
 def _wait(channel: socket.socket) -> None:
-    """The copy's life: wait for the command, become it, exit. The parent's objects stay
-    untouched (frozen, out of the garbage collector's sight): finalising one could close a
-    descriptor whose number the command's files have taken."""
+    """The copy's life: wait for the command, become it (`_run`), exit."""
     gc.freeze()
-    code = 1
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the tests, not for this
     try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the tests, not for this
         header, fds, _, _ = socket.recv_fds(channel, 8, MAX_FDS)
-        if not header:  # the parent ended without a fork server
-            code = 0
-            return
-        size, body = int.from_bytes(header, "big"), b""
-        while len(body) < size:
+        size, body = int.from_bytes(header or bytes(8), "big"), b""
+        while header and len(body) < size:
             part = channel.recv(size - len(body))
             if not part:
-                return
+                os._exit(1)
             body += part
-        command, targets, environment, cwd = ast.literal_eval(body.decode())
+    except BaseException:  # noqa: BLE001 - the parent is gone or sent nothing usable
+        os._exit(1)
+    if not header:  # the parent ended without a fork server
+        os._exit(0)
+    command, targets, environment, cwd = ast.literal_eval(body.decode())
+
+    def prepare() -> None:
         _take(fds, [*STDIO, *targets], channel.fileno())
         channel.close()
         _become_fresh(environment, cwd)
+
+    _run(command, prepare)
+
+
+def _run(command: str, prepare: Callable[[], None]) -> None:
+    """In a copy: `prepare` it, run `command` as `python -c` would, and exit with its code.
+    The parent's objects stay untouched (frozen, out of the garbage collector's sight):
+    finalising one could close a descriptor whose number the command's files have taken."""
+    gc.freeze()
+    code = 1
+    try:
+        prepare()
         main = types.ModuleType("__main__")
         sys.modules["__main__"] = main
         exec(compile(command, "<string>", "exec"), main.__dict__)
@@ -119,15 +175,20 @@ def _wait(channel: socket.socket) -> None:
 def _take(received: List[int], targets: List[int], channel: int) -> None:
     """Give each received descriptor the number it had in the parent, and close every pipe
     and socket the copy inherited (a fresh interpreter would have none of them)."""
-    for fd in _open_fds():
-        if fd not in received and fd != channel and fd not in STDIO and _is_pipe_or_socket(fd):
-            os.close(fd)
+    _close_inherited([*received, channel, *STDIO])
     moved = [os.dup(fd) for fd in received]  # out of the way of the numbers being filled
     for fd in received:
         os.close(fd)
     for fd, target in zip(moved, targets):
         os.dup2(fd, target)
         os.close(fd)
+
+
+def _close_inherited(keep: Sequence[int]) -> None:
+    """Close every pipe and socket but those in `keep`: a fresh interpreter has none."""
+    for fd in _open_fds():
+        if fd not in keep and _is_pipe_or_socket(fd):
+            os.close(fd)
 
 
 def _open_fds() -> List[int]:

@@ -22,6 +22,14 @@ STOP_TIMEOUT_S = 20.0
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def child_env(**variables: str) -> Dict[str, str]:
+    """This process's environment for a child that runs the repository's `minisgl`: the
+    repository first on PYTHONPATH, what was there kept (under `tools/steps.py check`, the
+    isolation guard that records what the child runs), `variables` on top."""
+    path = os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)
+    return dict(os.environ, PYTHONPATH=path, **variables)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -31,9 +39,9 @@ def free_port() -> int:
 class ServerProcess:
     """with ServerProcess(model_folder, "--num-pages", "512") as server: server.url ..."""
 
-    def __init__(self, model: str | Path, *flags: str, module: str = "minisgl") -> None:
+    def __init__(self, model: str | Path, *flags: str) -> None:
         self.port = free_port()
-        self.command = [sys.executable, "-m", module, "--model", str(model),
+        self.command = [sys.executable, "-m", "minisgl", "--model", str(model),
                         "--port", str(self.port), *flags]  # fmt: skip
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="minisgl-server-", suffix=".log")
@@ -41,7 +49,7 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         # the log at INFO whatever this process has: it goes to a file, and tests read it
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", LOG_LEVEL="INFO")
+        env = child_env(PYTHONUNBUFFERED="1", LOG_LEVEL="INFO")
         # a session of its own: the server and its workers are one process group to stop
         self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT,
                                         env=env, start_new_session=True)  # fmt: skip

@@ -96,3 +96,21 @@ def _open_stacks():
 if os.environ.get("MINISGL_BOOK_STACKS") and hasattr(signal, "SIGUSR1"):
     _open_stacks()
     os.register_at_fork(after_in_child=_open_stacks)
+
+
+def _fork_server_on_demand():
+    """A fork server spawned by a process with one thread is a fork of that process
+    (tools/warm_forkserver.py): `python -m minisgl` has imported torch and transformers by then."""
+    import importlib.util
+
+    module = sys.modules.get("book_warm_forkserver")  # tools/preload.py's, when it made this
+    if module is None:
+        path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "warm_forkserver.py")
+        spec = importlib.util.spec_from_file_location("book_warm_forkserver", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["book_warm_forkserver"] = module
+    module.fork_on_demand()
+
+
+_fork_server_on_demand()
