@@ -26,6 +26,19 @@ def probe(queue):
     })
 """
 
+# a worker started from the fork server: what it saw, and the fork server's pid
+START_WORKER = """
+ctx = mp.get_context("forkserver")
+ctx.set_forkserver_preload(["probe"])
+queue = ctx.Queue()
+worker = ctx.Process(target=__import__("probe").probe, args=(queue,))
+worker.start()
+seen = queue.get(timeout=60)
+worker.join(60)
+from multiprocessing import forkserver
+server = forkserver._forkserver._forkserver_pid
+"""
+
 SCRIPT = """
 import json, multiprocessing as mp, os, sys
 sys.path[:0] = [{root!r}, {folder!r}]
@@ -35,16 +48,8 @@ assert install()
 copy = zygote_pid()
 os.environ["WARM_PROBE"] = "set after the copy was made"
 os.chdir({work!r})
-ctx = mp.get_context("forkserver")
-ctx.set_forkserver_preload(["probe"])
-queue = ctx.Queue()
-worker = ctx.Process(target=__import__("probe").probe, args=(queue,))
-worker.start()
-seen = queue.get(timeout=60)
-worker.join(60)
-from multiprocessing import forkserver
-print(json.dumps({{"copy": copy, "server": forkserver._forkserver._forkserver_pid, **seen}}))
 """
+SCRIPT += START_WORKER + 'print(json.dumps({{"copy": copy, "server": server, **seen}}))'
 
 
 def run(tmp_path: Path, script: str) -> subprocess.CompletedProcess:
@@ -105,16 +110,8 @@ fork_on_demand()
 busy = threading.Thread(target=time.sleep, args=(3,))
 if {busy!r}:
     busy.start()  # a second thread: no fork, the usual fresh interpreter
-ctx = mp.get_context("forkserver")
-ctx.set_forkserver_preload(["probe"])
-queue = ctx.Queue()
-worker = ctx.Process(target=__import__("probe").probe, args=(queue,))
-worker.start()
-seen = queue.get(timeout=60)
-worker.join(60)
-from multiprocessing import forkserver
-print(json.dumps({{"me": os.getpid(), "server": forkserver._forkserver._forkserver_pid, **seen}}))
 """
+ON_DEMAND += START_WORKER + 'print(json.dumps({{"server": server, **seen}}))'
 
 
 def test_on_demand_the_fork_server_is_a_fork_made_at_its_spawn_unless_threads_run(
