@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from tools.deps import absolute_module, is_type_checking_test, module_name
 
@@ -174,6 +175,11 @@ def reaches(changed: Set[str], reads: Set[str]) -> Set[str]:
     is met by the variable x and by the attribute .x (module.x); a changed member ".x" only
     by the attribute .x."""
     return {n for n in changed if n in reads or (not n.startswith(".") and "." + n in reads)}
+
+
+def meets(changed: Set[str], reads: Set[str]) -> bool:
+    """Whether `reaches(changed, reads)` is not empty, without making it."""
+    return any(r in changed or (r[:1] == "." and r[1:] in changed) for r in reads)
 
 
 def _dump(nodes: Iterable[ast.AST]) -> str:
@@ -506,16 +512,30 @@ def _add_member(change: FileChange, owner: str, member: str) -> None:
 def propagate(names: Set[str], binders: Iterable[Binder]) -> Set[str]:
     """The changed names, closed over what runs at import: a statement that reads a changed
     name binds changed names (a subclass of a changed class, a re-export)."""
-    result = set(names)
-    todo = list(binders)
-    grown = True
-    while grown:
-        grown = False
-        for binder in todo:
-            if reaches(result, binder.reads) and not binder.binds <= result:
-                result |= binder.binds
-                grown = True
-    return result
+    return _Readers(binders).close(names)
+
+
+class _Readers:
+    """The binders of a tree by each name that meets them: "x" meets a binder that reads x
+    or .x; ".x" one that reads .x (as `reaches` says)."""
+
+    def __init__(self, binders: Iterable[Binder]) -> None:
+        self.by_name: Dict[str, List[Binder]] = {}
+        for binder in binders:
+            for read in binder.reads:
+                self.by_name.setdefault(read, []).append(binder)
+                if read.startswith("."):
+                    self.by_name.setdefault(read[1:], []).append(binder)
+
+    def close(self, names: Set[str]) -> Set[str]:
+        result = set(names)
+        todo = list(result)
+        while todo:
+            for binder in self.by_name.get(todo.pop(), ()):
+                for bound in binder.binds - result:
+                    result.add(bound)
+                    todo.append(bound)
+        return result
 
 
 @dataclass
@@ -563,14 +583,31 @@ class TreeChange:
         return why
 
 
-def _package_tuples(sources: Dict[str, str]) -> Dict[str, Set[str]]:
+# A check compares hundreds of pairs of trees whose files take a few versions each: a file's
+# summary is made once per version (and per set of the package's named tuples), then shared.
+# Nothing changes a summary after it is made.
+PackageTuples = Tuple[Tuple[str, FrozenSet[str]], ...]  # sorted (dotted module, its tuples)
+
+
+@functools.lru_cache(maxsize=None)
+def _named_tuples(source: str) -> FrozenSet[str]:
+    return frozenset(named_tuples(source))
+
+
+@functools.lru_cache(maxsize=None)
+def shared_summary(source: str, path: str, tuples: PackageTuples = ()) -> ModuleSummary:
+    """`summarise`, made once per version of a file and shared: do not change it."""
+    return summarise(source, path, {module: set(names) for module, names in tuples})
+
+
+def _package_tuples(sources: Dict[str, str]) -> PackageTuples:
     """Dotted module -> its named tuples, for every module of a package {path: source}."""
-    found = {}
+    found = []
     for path, source in sources.items():
         name = module_name(path)
-        if name is not None and (tuples := named_tuples(source)):
-            found[name] = tuples
-    return found
+        if name is not None and path.endswith(".py") and (tuples := _named_tuples(source)):
+            found.append((name, tuples))
+    return tuple(sorted(found))
 
 
 def tree_change(old: Dict[str, str], new: Dict[str, str]) -> TreeChange:
@@ -579,7 +616,7 @@ def tree_change(old: Dict[str, str], new: Dict[str, str]) -> TreeChange:
     read at run time): by their functions, or at import by one that does more than define."""
     files: Dict[str, FileChange] = {}
     old_tuples, new_tuples = _package_tuples(old), _package_tuples(new)
-    summaries = {p: summarise(s, p, new_tuples) for p, s in new.items() if p.endswith(".py")}
+    summaries = {p: shared_summary(s, p, new_tuples) for p, s in new.items() if p.endswith(".py")}
     for path in sorted(set(old) | set(new)):
         if old.get(path) == new.get(path):
             continue
@@ -598,7 +635,7 @@ def tree_change(old: Dict[str, str], new: Dict[str, str]) -> TreeChange:
                 else:
                     reader.sources.append(path)
             continue
-        before = summarise(old[path], path, old_tuples) if path in old else None
+        before = shared_summary(old[path], path, old_tuples) if path in old else None
         change = diff(before, summaries.get(path))
         if change.opaque or change.bodies or change.names:
             merged = files.setdefault(path, FileChange())
@@ -614,7 +651,9 @@ def tree_change(old: Dict[str, str], new: Dict[str, str]) -> TreeChange:
     binders = [b for s in summaries.values() for b in s.binders]
     names = {n for change in files.values() for n in change.names}
     # a member read at import (`ALIAS = Cls.member`) changes what that binds, whatever it met
-    names |= {n for b in binders if reaches(set(owners), b.reads) for n in b.binds}
-    names = propagate(names, binders)
-    closed = {m: propagate(classes, binders) for m, classes in owners.items()}
+    members = set(owners)
+    names |= {n for b in binders if meets(members, b.reads) for n in b.binds}
+    readers = _Readers(binders)
+    names = readers.close(names)
+    closed = {m: readers.close(classes) for m, classes in owners.items()}
     return TreeChange(files, names, closed)

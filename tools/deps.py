@@ -20,8 +20,10 @@ the side of including:
 from __future__ import annotations
 
 import ast
+import functools
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Optional, Set
+from typing import Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 
 def module_name(rel: str) -> Optional[str]:
@@ -98,39 +100,16 @@ class ImportGraph:
         return found
 
     def _python_edges(self, rel: str) -> Set[str]:
-        try:
-            tree = ast.parse((self.tree / rel).read_text(), filename=rel)
-        except SyntaxError:
-            return set()
         found: Set[str] = set()
-        own = module_name(rel) or ""
-        for node in _runtime_nodes(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    found |= self._with_parents(alias.name)
-            elif isinstance(node, ast.ImportFrom):
-                base = absolute_module(rel, node.module, node.level)
-                if base:
-                    found |= self._with_parents(base)
-                    for alias in node.names:  # `from pkg import submodule`
-                        found |= self._with_parents(f"{base}.{alias.name}")
-            elif isinstance(node, ast.Call) and _is_import_module(node):
-                name = node.args[0] if node.args else None
-                if isinstance(name, ast.Constant) and isinstance(name.value, str):
-                    dots = len(name.value) - len(name.value.lstrip("."))
-                    target = absolute_module(rel, name.value[dots:] or None, dots)
-                    found |= self._with_parents(target) if target else set()
-                else:  # a computed name: anything in the caller's package
-                    found |= self._package_modules(own.rsplit(".", 1)[0] if "." in own else own)
-            elif isinstance(node, (ast.List, ast.Tuple)):  # [sys.executable, "-m", "minisgl", ...]
-                items = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
-                for flag, name in zip(items, items[1:]):
-                    if flag == "-m" and isinstance(name, str) and name in self.modules:
-                        found |= self._with_parents(name)
-                        found |= self._with_parents(f"{name}.__main__")
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                if node.value.endswith(".py") and node.value in self.files:  # load_example(...)
-                    found.add(node.value)
+        named = _references((self.tree / rel).read_text(), rel)
+        for module in named.modules:
+            found |= self._with_parents(module)
+        for package in named.packages:
+            found |= self._package_modules(package)
+        for module in named.run:
+            if module in self.modules:
+                found |= self._with_parents(module) | self._with_parents(f"{module}.__main__")
+        found |= {f for f in named.files if f in self.files}
         return found
 
     # ------------------------------------------------------------------ closure
@@ -148,6 +127,52 @@ class ImportGraph:
     def package_dependencies(self, roots: Iterable[str]) -> Set[str]:
         """The package's files among everything `roots` bring in."""
         return {f for f in self.closure(roots) if f.startswith(self.package + "/")}
+
+
+@dataclass(frozen=True)
+class References:
+    """What one Python file names that may bring in other files, before any tree is known."""
+
+    modules: Tuple[str, ...] = ()  # imported, with the packages above them
+    packages: Tuple[str, ...] = ()  # every module of these (`import_module` of a computed name)
+    run: Tuple[str, ...] = ()  # `-m NAME` in a command line written out as a list
+    files: Tuple[str, ...] = ()  # string constants ending in .py (`load_example(...)`)
+
+
+@functools.lru_cache(maxsize=None)
+def _references(source: str, rel: str) -> References:
+    """The file's references, read once per version of it (a check reads each tree's files)."""
+    try:
+        tree = ast.parse(source, filename=rel)
+    except SyntaxError:
+        return References()
+    modules: List[str] = []
+    packages: List[str] = []
+    run: List[str] = []
+    files: List[str] = []
+    own = module_name(rel) or ""
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            modules += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = absolute_module(rel, node.module, node.level)
+            if base:  # `from pkg import submodule` brings in pkg.submodule if there is one
+                modules += [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Call) and _is_import_module(node):
+            name = node.args[0] if node.args else None
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                dots = len(name.value) - len(name.value.lstrip("."))
+                target = absolute_module(rel, name.value[dots:] or None, dots)
+                modules += [target] if target else []
+            else:  # a computed name: anything in the caller's package
+                packages.append(own.rsplit(".", 1)[0] if "." in own else own)
+        elif isinstance(node, (ast.List, ast.Tuple)):  # [sys.executable, "-m", "minisgl", ...]
+            items = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+            run += [n for f, n in zip(items, items[1:]) if f == "-m" and isinstance(n, str)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value.endswith(".py"):
+                files.append(node.value)
+    return References(tuple(modules), tuple(packages), tuple(run), tuple(files))
 
 
 def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:

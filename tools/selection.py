@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from tools.book import Book, Manifest, chapter_name
-from tools.changes import ModuleSummary, TreeChange, summarise, tree_change
+from tools.changes import ModuleSummary, TreeChange, shared_summary, tree_change
 from tools.deps import ImportGraph, module_name
 from tools.outside import OutsideFile, OutsideReads, missing_imports, read_outside, top_level_names
 
@@ -146,6 +146,7 @@ class Selector:
         self.records: Dict[str, TestRecord] = {}  # node id -> its last record
         self.nodes: Dict[str, List[str]] = {}  # test file -> its node ids, as last collected
         self._changes: Dict[Tuple[int, int], TreeChange] = {}
+        self._texts: Dict[int, Dict[str, str]] = {}  # chapter -> its package's sources
         self._summaries: Dict[Tuple[int, str], Optional[ModuleSummary]] = {}
         self._outside_files: Dict[str, OutsideFile] = {}
         self._bound: Dict[int, Dict[str, Set[str]]] = {}
@@ -182,9 +183,12 @@ class Selector:
 
     # ----------------------------------------------------------------- changes
     def _sources(self, chapter: int) -> Dict[str, str]:
-        return {
-            p: f.read_text(errors="replace") for p, f in self.book.package_files(chapter).items()
-        }
+        if chapter not in self._texts:
+            self._texts[chapter] = {
+                p: f.read_text(errors="replace")
+                for p, f in self.book.package_files(chapter).items()
+            }
+        return self._texts[chapter]
 
     def change(self, before: int, after: int) -> TreeChange:
         key = (before, after)
@@ -195,10 +199,10 @@ class Selector:
     def _summary(self, chapter: int, file: str) -> Optional[ModuleSummary]:
         key = (chapter, file)
         if key not in self._summaries:
-            path = self.book.package_files(chapter).get(file)
+            source = self._sources(chapter).get(file)
             self._summaries[key] = (
-                summarise(path.read_text(errors="replace"), file)
-                if path is not None and file.endswith(".py")
+                shared_summary(source, file)
+                if source is not None and file.endswith(".py")
                 else None
             )
         return self._summaries[key]
