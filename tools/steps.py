@@ -225,14 +225,15 @@ def run_main(
     verbose: bool = False,
     check_prints: bool = True,
     threads: Optional[int] = None,
+    nice: int = 0,
 ) -> None:
-    """Build the chapter's tree and run its main there; fill in `row`."""
+    """Build the chapter's tree and run its main there (at priority `nice`); fill in `row`."""
     chapter, number = row.chapter, row.chapter.number
     work, tree = _start_tree(book, chapter, "main")
     try:
         row.files = len(book.package_files(number))
         env = isolated_env(book.package, number, tree, threads)
-        main = supervise.run([sys.executable, chapter.main], tree, env, chapter.timeout)
+        main = supervise.run([sys.executable, chapter.main], tree, env, chapter.timeout, nice)
         row.stdout, row.main_seconds = main.stdout, main.seconds
         row.main_ok = main.returncode == 0 and not main.left_behind
         if verbose:
@@ -261,9 +262,10 @@ def run_main(
 
 
 # A chapter's tests expected to take longer than this (from their last run) are shared between
-# two pytest processes, test file by test file: the tests run chapter after chapter, and alone
-# they would keep one core busy while the other waits (the mains finish long before them).
-SPLIT_S = 30.0
+# two pytest processes, test file by test file: the tests run chapter after chapter, so their
+# chain sets the check's time, and the mains beside them yield their cores (MAIN_NICE).
+SPLIT_S = 10.0
+MAIN_NICE = 10  # a main's priority beside the tests (see _check)
 
 
 def run_chapter_tests(
@@ -540,6 +542,11 @@ def _check(
     # several processes at once, whose thread pools would spin against each other on the
     # same cores (a full `--jobs 1` check with a thread per core: 3,416 busy core-s, 31 min).
     test_threads = 1
+    # The tests go chapter after chapter (each test file's selection needs its last run), so
+    # their chain sets the check's time; the mains only fill the cores around it. Beside the
+    # tests a main runs at a lower priority: it takes what the tests leave (a chapter with
+    # one batch, the waits of the servers' tests) instead of a third of the tests' cores.
+    main_nice = MAIN_NICE if jobs > 1 and not mains_only else 0
     rows = {n: Row(book.chapter(n)) for n in chosen}
     selector = Selector(book)
     pending = {n: (0 if mains_only else 1) + 1 for n in chosen}  # parts left per chapter
@@ -562,7 +569,7 @@ def _check(
     def work(kind: str, n: int, files: List[str]) -> None:
         row = rows[n]
         if kind == "main":
-            run_main(book, row, keep, verbose, check_prints, threads)
+            run_main(book, row, keep, verbose, check_prints, threads, main_nice)
         else:
             run_chapter_tests(book, row, selector, all_tests, keep, test_threads, files or None)
 
