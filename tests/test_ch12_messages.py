@@ -12,6 +12,7 @@ import threading
 import time
 import warnings
 from dataclasses import fields, is_dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, List, TypeVar
 
 import msgpack
@@ -256,6 +257,24 @@ def test_stop_does_not_hang_on_a_peer_that_never_came(folder: str, keep: Callabl
     stopper.start()
     stopper.join(timeout=10)
     assert not stopper.is_alive() and time.monotonic() - begin < 5
+
+
+def test_a_bound_queue_removes_its_socket_file_when_it_stops(folder: str, keep: Callable) -> None:
+    """libzmq leaves an ipc socket's file in the folder after the socket closes; the side that
+    bound it removes it, and the side that connected leaves it to the binder."""
+    path = Path(folder.removeprefix("ipc://")) / "q"
+    pull = keep(ZmqPullQueue(f"{folder}/q", create=True, decoder=BaseBackendMsg.decoder))
+    push = keep(ZmqPushQueue(f"{folder}/q", create=False, encoder=BaseBackendMsg.encoder))
+    push.put(ExitMsg())
+    assert isinstance(pull.get(timeout=10), ExitMsg) and path.exists()
+    push.stop()
+    assert path.exists()
+    pull.stop()
+    assert not path.exists()
+    pub = keep(ZmqPubQueue(f"{folder}/p", create=True, encoder=BaseBackendMsg.encoder))
+    assert (path.parent / "p").exists()
+    pub.stop()
+    assert not (path.parent / "p").exists()
 
 
 # ------------------------------------------------------------------------- PUB, SUB, the fix

@@ -28,6 +28,7 @@ import signal
 import threading
 import time
 from multiprocessing.context import BaseContext
+from pathlib import Path
 from types import FrameType
 from typing import Callable, Dict, Generic, Sequence, TypeVar
 
@@ -92,17 +93,21 @@ class _ZmqQueue:
     context: zmq.Context
     socket: zmq.Socket
     addr: str
+    create: bool  # this side bound the address
 
     def stop(self) -> None:
         self.socket.close()
         self.context.term()
+        if self.create and self.addr.startswith("ipc://") and not self.addr.startswith("ipc://@"):
+            # libzmq leaves a bound ipc socket's file behind; the side that bound removes it
+            Path(self.addr[len("ipc://") :]).unlink(missing_ok=True)
 
 
 class ZmqPushQueue(_ZmqQueue, Generic[T]):
     def __init__(self, addr: str, create: bool, encoder: Callable[[T], Dict]) -> None:
         self.context = zmq.Context()
         self.socket = _open(self.context, zmq.PUSH, addr, create)
-        self.addr = addr
+        self.addr, self.create = addr, create
         self.encoder = encoder
 
     def put(self, obj: T) -> None:
@@ -113,7 +118,7 @@ class ZmqAsyncPushQueue(_ZmqQueue, Generic[T]):
     def __init__(self, addr: str, create: bool, encoder: Callable[[T], Dict]) -> None:
         self.context = zmq.asyncio.Context()
         self.socket = _open(self.context, zmq.PUSH, addr, create)
-        self.addr = addr
+        self.addr, self.create = addr, create
         self.encoder = encoder
 
     async def put(self, obj: T) -> None:
@@ -124,7 +129,7 @@ class ZmqPullQueue(_ZmqQueue, Generic[T]):
     def __init__(self, addr: str, create: bool, decoder: Callable[[Dict], T]) -> None:
         self.context = zmq.Context()
         self.socket = _open(self.context, zmq.PULL, addr, create)
-        self.addr = addr
+        self.addr, self.create = addr, create
         self.decoder = decoder
 
     def get(self, timeout: float | None = None) -> T:
@@ -145,7 +150,7 @@ class ZmqAsyncPullQueue(_ZmqQueue, Generic[T]):
     def __init__(self, addr: str, create: bool, decoder: Callable[[Dict], T]) -> None:
         self.context = zmq.asyncio.Context()
         self.socket = _open(self.context, zmq.PULL, addr, create)
-        self.addr = addr
+        self.addr, self.create = addr, create
         self.decoder = decoder
 
     async def get(self) -> T:
@@ -178,7 +183,7 @@ class ZmqPubQueue(_ZmqQueue, Generic[T]):
         # XPUB_VERBOSER: report every subscription and every departure, not only the first
         # subscriber and the last leaver of each topic
         self.socket = _open(self.context, zmq.XPUB, addr, create, {zmq.XPUB_VERBOSER: 1})
-        self.addr = addr
+        self.addr, self.create = addr, create
         self.encoder = encoder
         self.num_subscribers = num_subscribers
         self.timeout = timeout
@@ -221,7 +226,7 @@ class ZmqSubQueue(_ZmqQueue, Generic[T]):
         # only its (un)subscription, which is not worth waiting for when it closes
         options: Dict[int, int | bytes] = {zmq.SUBSCRIBE: b"", zmq.LINGER: 0}
         self.socket = _open(self.context, zmq.SUB, addr, create, options)
-        self.addr = addr
+        self.addr, self.create = addr, create
         self.decoder = decoder
 
     def get(self, timeout: float | None = None) -> T:
