@@ -362,6 +362,18 @@ def test_the_shape_counts_every_weight_of_qwen3_0_6b() -> None:
     assert shape.num_layers * shape.layer_weights == matrices
     assert shape.lm_head_weights == model.get_output_embeddings().weight.numel()
     assert shape.kv_bytes_per_token == 114_688  # chapter 22's number
+    # `matmuls` times these: the same matrices, q/k/v and gate/up merged as the engine loads them
+    products = bench_p1.decode_products(QWEN3_0_6B)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    width = lambda *linears: sum(m.out_features for m in linears)  # noqa: E731
+    assert products["qkv"] == (1024, width(attn.q_proj, attn.k_proj, attn.v_proj))
+    assert products["o"] == (attn.o_proj.in_features, attn.o_proj.out_features)
+    assert products["gate_up"] == (1024, width(mlp.gate_proj, mlp.up_proj))
+    assert products["down"] == (mlp.down_proj.in_features, mlp.down_proj.out_features)
+    layer = sum(k * n for name, (k, n) in products.items() if name != "lm_head")
+    assert layer == shape.layer_weights
+    assert products["lm_head"][0] * products["lm_head"][1] == shape.lm_head_weights
+    assert [bench_p1.graph_batch(b, [1, 2, 4, 8, 16]) for b in (1, 3, 8, 9)] == [1, 4, 8, 16]
 
 
 def test_the_workload_limit_covers_upstreams_requests() -> None:

@@ -13,6 +13,7 @@ engine before and after the project and beside the official one, and where the t
     python tools/bench_p1.py decode-kernels [--set options|settings|tma]
                                             # the book's decode kernel against FlashInfer's
     python tools/bench_p1.py sampler        # the Gumbel-max sampler against FlashInfer's
+    python tools/bench_p1.py matmuls        # the decode steps' matrix products, cuBLAS(Lt)
 
 **limit.** A lower bound on the time of the workload on one H200, from three facts of the
 hardware and the shapes alone: a prefill is bound by arithmetic (two FLOPs per weight per
@@ -61,6 +62,10 @@ with the softmax's probabilities.
 by FlashInfer's kernel and by the book's Triton kernel in one set of its settings
 (`DECODE_KERNEL_SETS`), each replayed in a CUDA graph: TB/s of keys and values read, the
 whole run's estimate, and the largest difference from FlashInfer's output.
+
+**matmuls.** The matrix products of a decode step (q/k/v, o, gate/up and down of one layer,
+and the LM head) at the batch of every 16th step of the run, padded to its CUDA graph's size,
+by cuBLAS and cuBLASLt, each in a CUDA graph: against reading the weights once per step.
 """
 
 from __future__ import annotations
@@ -94,6 +99,7 @@ DECODE_KERNELS_OUT = {
 }
 NORMS_ROPE_OUT = ROOT / "docs" / "data" / "p1-norms-rope.md"
 SAMPLER_OUT = ROOT / "docs" / "data" / "p1-sampler.md"
+MATMULS_OUT = ROOT / "docs" / "data" / "p1-matmuls.md"
 RUN_TIMEOUT_S = 150  # one benchmark run: imports, start-up, warm-up and about 7 s timed
 # logits of 8 tokens, all of different sizes: the samplers' draws are checked against them
 SAMPLER_LOGITS = [2.0, 1.0, 0.5, 0.0, -1.0, 1.5, 0.2, -3.0]
@@ -930,6 +936,97 @@ def decode_kernels(out: Path, every: int = 64, kernel_set: str = "options") -> N
     print(out.read_text())
 
 
+def decode_products(config: Dict) -> Dict[str, Tuple[int, int]]:
+    """A decode step's matrix products of one layer, merged as the engine merges them, and the
+    LM head: name -> (in features, out features)."""
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim", hidden // heads)
+    return {
+        "qkv": (hidden, (heads + 2 * kv_heads) * head_dim),
+        "o": (heads * head_dim, hidden),
+        "gate_up": (hidden, 2 * inter),
+        "down": (inter, hidden),
+        "lm_head": (hidden, config["vocab_size"]),
+    }
+
+
+def graph_batch(batch: int, sizes: Sequence[int]) -> int:
+    """The CUDA graph a batch replays: the smallest captured size that holds it."""
+    return min(size for size in sizes if size >= batch)
+
+
+def matmuls(out: Path, every: int = 16) -> None:
+    """The decode steps' matrix products (bfloat16, `F.linear` as the engine calls it) at the
+    batch of every `every`-th step of the run, padded to the CUDA graph it replays: each timed in
+    a CUDA graph, by cuBLAS and by cuBLASLt (torch's two back-ends), against the time of
+    reading the weights at the GPU's bandwidth. The whole run's matrix products estimated from
+    them (every layer of every step, steps in between interpolated)."""
+    import torch
+    import torch.nn.functional as F
+
+    from minisgl.engine.graph import _determine_cuda_graph_bs
+    from tools.bench_gpu import QWEN3_0_6B
+
+    hw, layers = this_gpu(), QWEN3_0_6B["num_hidden_layers"]
+    products = decode_products(QWEN3_0_6B)
+    sizes = _determine_cuda_graph_bs(None, 256, 0, torch.device("cuda"))  # as bench_gpu's run
+    shapes = [(step, graph_batch(len(c), sizes), len(c)) for step, c in run_decode_shapes(every)]
+    steps = [step for step, _, _ in shapes]
+    libraries = ["cublas", "cublaslt"]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weights = {
+        name: torch.randn(n, k, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
+        for name, (k, n) in products.items()
+    }
+    us: Dict[Tuple[str, int, str], float] = {}  # (library, batch, product) -> microseconds
+    for library in libraries:
+        torch.backends.cuda.preferred_blas_library(library)
+        for batch in sorted({b for _, b, _ in shapes}):
+            for name, (k, _) in products.items():
+                x = torch.randn(batch, k, generator=gen, device="cuda", dtype=torch.bfloat16)
+                us[library, batch, name], _ = graph_or_eager_microseconds(
+                    functools.partial(F.linear, x, weights[name])
+                )
+    torch.backends.cuda.preferred_blas_library("default")
+    layer_bytes = sum(k * n for name, (k, n) in products.items() if name != "lm_head") * 2
+    head_bytes = products["lm_head"][0] * products["lm_head"][1] * 2
+    step_bytes = layers * layer_bytes + head_bytes
+
+    def step_us(library: str, batch: int) -> float:
+        layer = sum(us[library, batch, n] for n in products if n != "lm_head")
+        return layers * layer + us[library, batch, "lm_head"]
+
+    columns = ["step", "batch", "graph", *(f"{n} us" for n in products), "step ms",
+               "weights TB/s", "TFLOP/s", "cuBLASLt: step ms"]  # fmt: skip
+    rows = ["| " + " | ".join(columns) + " |", "|" + " ---: |" * len(columns)]
+    for step, batch, running in shapes:
+        if (step - 1) % 64 and step != steps[-1]:
+            continue  # the table shows every 64th step; the estimate uses all
+        t = step_us("cublas", batch)
+        flops = 2 * batch * step_bytes / 2  # two per weight (2 bytes) per row
+        rows.append(
+            f"| {step} | {running} | {batch} | "
+            + " | ".join(f"{us['cublas', batch, n]:.1f}" for n in products)
+            + f" | {t / 1e3:.2f} | {step_bytes / t / 1e6:.2f} | {flops / t / 1e6:.0f}"
+            + f" | {step_us('cublaslt', batch) / 1e3:.2f} |"
+        )
+        print(rows[-1], flush=True)
+    estimates = {
+        lib: whole_run(steps, [step_us(lib, b) for _, b, _ in shapes], 1) for lib in libraries
+    }
+    floor = steps[-1] * step_bytes / hw.memory_bytes_per_s  # steps 1 to the last
+    out.write_text(
+        "\n".join(rows) + f"\n\nThe whole run's matrix products (decode steps), estimated: cuBLAS "
+        f"{estimates['cublas']:.2f} s, cuBLASLt {estimates['cublaslt']:.2f} s; reading the "
+        f"weights once per step at {hw.memory_bytes_per_s / 1e12:.2f} TB/s ({hw.name}'s "
+        f"datasheet): {floor:.2f} s. {step_bytes / 1e9:.2f} GB of weights per step. Each "
+        f"product timed as {GRAPH_TIMING} (or eagerly, where its capture failed). "
+        f"One {torch.cuda.get_device_name()}.\n"
+    )
+    print(out.read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -944,6 +1041,7 @@ def main() -> None:
             "norms-rope",
             "decode-kernels",
             "sampler",
+            "matmuls",
         ],
     )
     parser.add_argument("--before", default="22", help="the chapter before the project")
@@ -982,6 +1080,8 @@ def main() -> None:
         sampler(args.out or SAMPLER_OUT)
     elif args.what == "attention-run":
         attention_over_the_run(args.out or ATTENTION_RUN_OUT)
+    elif args.what == "matmuls":
+        matmuls(args.out or MATMULS_OUT)
     else:
         only = args.only.split(",") if args.only else []
         if args.from_json:  # the tables again, from a run's saved results
