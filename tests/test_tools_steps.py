@@ -492,6 +492,33 @@ def test_a_hung_main_and_its_child_are_killed_and_reported(tmp_path: Path, prelo
     assert is_gone(child), f"the child {child} is still running"
 
 
+@pytest.mark.parametrize("preload", [False, True], ids=["fresh", "preloaded"])
+def test_a_run_started_at_a_lower_priority_passes_it_to_the_processes_it_starts(
+    tmp_path: Path, preload: bool
+) -> None:
+    """The check runs a main beside the tests with `nice` (MAIN_NICE); the main's own workers,
+    started later, inherit it."""
+    script = tmp_path / "nice.py"
+    script.write_text(
+        "import os, subprocess, sys\n"
+        "print(os.getpriority(os.PRIO_PROCESS, 0))\n"
+        "child = 'import os; print(os.getpriority(os.PRIO_PROCESS, 0))'\n"
+        "print(subprocess.run([sys.executable, '-c', child], capture_output=True, text=True)"
+        ".stdout.strip())\n"
+    )
+    preloader = Preloader.start() if preload else None
+    supervise.use_preloader(preloader)
+    try:
+        outcome = supervise.run([sys.executable, str(script)], tmp_path, dict(os.environ), 60, 7)
+    finally:
+        supervise.use_preloader(None)
+        if preloader is not None:
+            preloader.stop()
+    assert outcome.returncode == 0, outcome.stderr
+    own, child = (int(line) for line in outcome.stdout.split())
+    assert own >= 7 and child == own
+
+
 def test_a_main_that_leaves_a_process_running_fails(tmp_path: Path) -> None:
     main_text = f"""
 import subprocess, sys
