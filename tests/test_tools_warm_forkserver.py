@@ -77,6 +77,45 @@ def test_the_fork_server_is_the_copy_and_its_worker_sees_the_moment_it_started(
     assert "a line from the worker" in proc.stdout  # the parent's stdout at the spawn
 
 
+def test_the_copy_takes_descriptors_whose_numbers_collide_with_its_own(tmp_path: Path) -> None:
+    """The parent closes its end of the copy's channel once the copy is made, so the fork
+    server's first socket often gets that number; and the numbers the copy gives the received
+    descriptors may be ones it is still holding others under. Started at once after the copy
+    is made (nothing else takes the freed number first), the server still works."""
+    script = SCRIPT.replace(
+        "os.chdir({work!r})\n",
+        "os.chdir({work!r})\nfrom multiprocessing import forkserver\nforkserver.ensure_running()\n",
+    )
+    script = script.format(root=str(ROOT), folder=str(tmp_path), work=str(tmp_path / "work"))
+    for _ in range(3):
+        proc = run(tmp_path, script)
+        assert proc.returncode == 0, proc.stderr
+        seen = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert seen["server"] == seen["copy"] == seen["ppid"]
+
+
+def test_the_copy_gives_each_descriptor_its_number_even_where_they_cross(tmp_path: Path) -> None:
+    """Three pipes received as 3 descriptors that must become numbers the renumbering itself
+    would otherwise use: each read end lands where it was asked to."""
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(ROOT)!r})
+from tools.warm_forkserver import _take
+pipes = [os.pipe() for _ in range(3)]
+for i, (_, w) in enumerate(pipes):
+    os.write(w, bytes([65 + i]))
+received = [os.dup(r) for r, _ in pipes]
+free = sorted(r for r, _ in pipes)
+for r, _ in pipes:
+    os.close(r)
+_take(received, [free[1], free[2], free[0]])  # a plain dup would take free[0], [1], [2]
+print("".join(os.read(fd, 1).decode() for fd in (free[1], free[2], free[0])))
+"""
+    proc = run(tmp_path, script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ABC"
+
+
 def test_an_unused_copy_ends_with_its_parent_and_threads_prevent_one(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import sys, threading, time

@@ -29,6 +29,7 @@ fork server need not import them again.
 from __future__ import annotations
 
 import ast
+import fcntl
 import gc
 import os
 import signal
@@ -143,8 +144,9 @@ def _wait(channel: socket.socket) -> None:
     command, targets, environment, cwd = ast.literal_eval(body.decode())
 
     def prepare() -> None:
-        _take(fds, [*STDIO, *targets], channel.fileno())
+        # first: the parent may have given the channel's number to one of the command's files
         channel.close()
+        _take(fds, [*STDIO, *targets])
         _become_fresh(environment, cwd)
 
     _run(command, prepare)
@@ -172,11 +174,14 @@ def _run(command: str, prepare: Callable[[], None]) -> None:
         os._exit(code)
 
 
-def _take(received: List[int], targets: List[int], channel: int) -> None:
+def _take(received: List[int], targets: List[int]) -> None:
     """Give each received descriptor the number it had in the parent, and close every pipe
     and socket the copy inherited (a fresh interpreter would have none of them)."""
-    _close_inherited([*received, channel, *STDIO])
-    moved = [os.dup(fd) for fd in received]  # out of the way of the numbers being filled
+    _close_inherited([*received, *STDIO])
+    # out of the way of the numbers being filled: above all of them, or filling one target
+    # could overwrite a descriptor that another target still has to receive
+    floor = max([*received, *targets]) + 1
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, floor) for fd in received]
     for fd in received:
         os.close(fd)
     for fd, target in zip(moved, targets):
