@@ -989,9 +989,8 @@ def matmuls(out: Path, every: int = 16) -> None:
                     functools.partial(F.linear, x, weights[name])
                 )
     torch.backends.cuda.preferred_blas_library("default")
-    layer_bytes = sum(k * n for name, (k, n) in products.items() if name != "lm_head") * 2
-    head_bytes = products["lm_head"][0] * products["lm_head"][1] * 2
-    step_bytes = layers * layer_bytes + head_bytes
+    shape = Shape.from_config(QWEN3_0_6B)  # the same matrices (the test says so)
+    step_bytes = shape.matmul_weights * shape.itemsize
 
     def step_us(library: str, batch: int) -> float:
         layer = sum(us[library, batch, n] for n in products if n != "lm_head")
@@ -1004,7 +1003,7 @@ def matmuls(out: Path, every: int = 16) -> None:
         if (step - 1) % 64 and step != steps[-1]:
             continue  # the table shows every 64th step; the estimate uses all
         t = step_us("cublas", batch)
-        flops = 2 * batch * step_bytes / 2  # two per weight (2 bytes) per row
+        flops = 2 * batch * shape.matmul_weights  # two per weight per row
         rows.append(
             f"| {step} | {running} | {batch} | "
             + " | ".join(f"{us['cublas', batch, n]:.1f}" for n in products)

@@ -509,12 +509,6 @@ def _add_member(change: FileChange, owner: str, member: str) -> None:
     change.owners.setdefault("." + member, set()).add(owner)
 
 
-def propagate(names: Set[str], binders: Iterable[Binder]) -> Set[str]:
-    """The changed names, closed over what runs at import: a statement that reads a changed
-    name binds changed names (a subclass of a changed class, a re-export)."""
-    return _Readers(binders).close(names)
-
-
 class _Readers:
     """The binders of a tree by each name that meets them: "x" meets a binder that reads x
     or .x; ".x" one that reads .x (as `reaches` says)."""
@@ -528,6 +522,8 @@ class _Readers:
                     self.by_name.setdefault(read[1:], []).append(binder)
 
     def close(self, names: Set[str]) -> Set[str]:
+        """The changed names, closed over what runs at import: a statement that reads a
+        changed name binds changed names (a subclass of a changed class, a re-export)."""
         result = set(names)
         todo = list(result)
         while todo:
