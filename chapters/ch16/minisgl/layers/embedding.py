@@ -14,7 +14,8 @@ LM head and stores no separate `lm_head.weight`; both are split the same way.
 
 from __future__ import annotations
 
-from typing import Dict
+import time
+from typing import Callable, Dict, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,50 @@ from minisgl.distributed import DistributedCommunicator, tp_info_or_one
 from minisgl.utils import div_ceil
 
 from .base import BaseOP
+
+SWAP_ROWS = 8  # past 8 rows F.linear was as fast or faster on every CPU we timed
+_SWAPPED_WINS: Dict[Tuple[Tuple[int, ...], torch.dtype], bool] = {}
+
+
+def lm_head_logits(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`: logits [tokens, vocabulary] for hidden states [tokens,
+    hidden]. On a CPU, a decode step's few rows may go several times faster the other way
+    round, as `weight @ x.T`, or several times slower: it depends on the processor, since MKL
+    picks its code by CPU. So the head times both ways once per matrix (`_swapped_wins`) and
+    keeps the faster. A single row gets a copy of itself as a second column: one column takes
+    MKL's matrix-vector path, which is slow too."""
+    rows = x.shape[0]
+    if x.device.type != "cpu" or not 0 < rows <= SWAP_ROWS or not _swapped_wins(weight):
+        return F.linear(x, weight, bias)
+    columns = x.T if rows > 1 else torch.cat([x, x]).T
+    logits = torch.mm(weight, columns)[:, :rows].T.contiguous()  # [tokens, vocabulary]
+    return logits if bias is None else logits + bias
+
+
+def _swapped_wins(weight: torch.Tensor) -> bool:
+    """Whether `weight @ x.T` beat `F.linear` by half again for three rows, the best of three
+    calls each, timed the first time this process meets a matrix of this shape (0.1 s for a
+    tiny model's head on our test machine, 0.2 s for SmolLM2's)."""
+    key = (tuple(weight.shape), weight.dtype)
+    if key not in _SWAPPED_WINS:
+        probe = torch.zeros(3, weight.shape[1], dtype=weight.dtype)
+        with torch.no_grad():
+            linear = _best_seconds(lambda: F.linear(probe, weight))
+            swapped = _best_seconds(lambda: torch.mm(weight, probe.T))
+        _SWAPPED_WINS[key] = 1.5 * swapped < linear
+    return _SWAPPED_WINS[key]
+
+
+def _best_seconds(call: Callable[[], torch.Tensor], calls: int = 3) -> float:
+    call()  # the first call may allocate or load code
+    times = []
+    for _ in range(calls):
+        began = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - began)
+    return min(times)
 
 
 class VocabParallelEmbedding(BaseOP):
@@ -84,7 +129,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits [tokens, vocabulary] for hidden states [tokens, hidden]."""
         weight = self.tied_embedding.weight if self.tied_embedding is not None else self.weight
-        logits = F.linear(x, weight, self.bias)  # [tokens, this rank's slice]
+        logits = lm_head_logits(x, weight, self.bias)  # [tokens, this rank's slice]
         if self.tp_size == 1:
             return logits
         gathered = self._comm.all_gather(logits)  # [ranks * tokens, slice]: rank by rank
