@@ -246,6 +246,43 @@ def test_tied_and_untied_lm_heads() -> None:
         ParallelLMHead(50, 8, tie_word_embeddings=True)
 
 
+@pytest.mark.parametrize("swapped", [False, True])
+def test_the_heads_product_either_way_round_gives_f_linears_logits(monkeypatch, swapped) -> None:
+    """Whichever way `_swapped_wins` chose on this CPU, both ways give `F.linear`'s logits up to
+    float32 rounding, for a decode step's rows (one row included) and past them."""
+    from minisgl.layers import embedding
+
+    torch.manual_seed(4)
+    weight, bias = torch.randn(300, 16), torch.randn(300)
+    monkeypatch.setitem(embedding._SWAPPED_WINS, (tuple(weight.shape), weight.dtype), swapped)
+    calls = []
+    monkeypatch.setattr(embedding.torch, "mm", lambda *a: calls.append(1) or torch.matmul(*a))
+    for rows in (1, 2, 3, embedding.SWAP_ROWS, embedding.SWAP_ROWS + 1):
+        x = torch.randn(rows, 16)
+        for b in (None, bias):
+            got = embedding.lm_head_logits(x, weight, b)
+            assert got.shape == (rows, 300) and got.is_contiguous()
+            torch.testing.assert_close(got, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+    assert len(calls) == (2 * 4 if swapped else 0)  # swapped only up to SWAP_ROWS rows
+
+
+def test_the_head_times_both_ways_once_per_matrix(monkeypatch) -> None:
+    from minisgl.layers import embedding
+
+    timed = []
+    real = embedding._best_seconds
+    monkeypatch.setattr(embedding, "_best_seconds", lambda call: timed.append(1) or real(call))
+    monkeypatch.setattr(embedding, "_SWAPPED_WINS", {})
+    weight = torch.randn(200, 8)
+    first = embedding._swapped_wins(weight)
+    assert len(timed) == 2 and isinstance(first, bool)
+    assert embedding._swapped_wins(torch.randn(200, 8)) == first and len(timed) == 2
+    embedding._swapped_wins(torch.randn(201, 8))
+    assert len(timed) == 4  # another shape is timed again
+    logits = embedding.lm_head_logits(torch.randn(2, 8, device="meta"), weight.to("meta"), None)
+    assert logits.shape == (2, 200) and len(timed) == 4  # off the CPU: F.linear, nothing timed
+
+
 def test_hand_wired_decoder_generates_step0s_tokens(model_path) -> None:
     from tests.support import load_example
 
