@@ -131,6 +131,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # of 0.2-0.5 s over the libraries' half a million objects, for each engine a test makes.
     gc.collect()
     gc.freeze()
+    _FROZEN_MODULES[0] = len(sys.modules)
+
+
+_FROZEN_MODULES = [0]  # how many modules were loaded when the objects were last frozen
+REFREEZE_MODULES = 20
+
+
+def pytest_runtest_logfinish(nodeid: str, location: object) -> None:
+    # A test that loads a library lazily (transformers' code for a model family, sympy behind
+    # torch's symbolic shapes, triton, accelerate) leaves its hundreds of thousands of objects
+    # where every later full collection walks them: test_ch11_overlap.py had 66 of them, 7 s
+    # of its 19. Once that many modules came since the last freeze, what lives is frozen too.
+    if len(sys.modules) - _FROZEN_MODULES[0] >= REFREEZE_MODULES:
+        gc.collect()
+        gc.freeze()
+        _FROZEN_MODULES[0] = len(sys.modules)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
