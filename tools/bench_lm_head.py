@@ -5,10 +5,11 @@
 
 For SmolLM2's head (49152 x 576) and the tiny models' (49152 x 256), in float32, it times the
 logits of 1 to 16 rows both ways (the median of 20 calls after 3 warm-up calls): `F.linear(x,
-weight)`, which the head calls (minisgl/layers/embedding.py), and `(weight @ x.T).T`, which
-older MKL builds ran several times faster for a decode step's few rows (a single row as two
-equal columns: one column takes MKL's matrix-vector path). It prints the largest difference
-between the two results too.
+weight)`, and `(weight @ x.T).T`, which some CPUs run several times faster for a decode
+step's few rows and others several times slower (a single row as two equal columns: one
+column takes MKL's matrix-vector path). It prints the largest difference between the two
+results too, and which way the head (`lm_head_logits` in minisgl/layers/embedding.py, which
+times the two once on three rows) takes on this CPU.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from minisgl.layers.embedding import SWAP_ROWS, _swapped_wins
 
 SHAPES = {"SmolLM2-135M": (49152, 576), "tiny models": (49152, 256)}
 ROWS = [1, 2, 3, 4, 8, 16]
@@ -62,6 +65,9 @@ def main() -> None:
             diff = (F.linear(x, weight) - swapped(x, weight)).abs().max().item()
             print(f"{name:<14} {rows:>4} {plain:>12.2f} {other:>16.2f}"
                   f" {other / plain:>10.1f}x {diff:>11.1e}")  # fmt: skip
+    for name, (vocab, hidden) in SHAPES.items():
+        way = "weight @ x.T" if _swapped_wins(torch.randn(vocab, hidden)) else "F.linear"
+        print(f"{name}: the head takes {way} for 1 to {SWAP_ROWS} rows on this CPU")
 
 
 if __name__ == "__main__":
