@@ -376,6 +376,35 @@ def test_the_shape_counts_every_weight_of_qwen3_0_6b() -> None:
     assert [bench_p1.graph_batch(b, [1, 2, 4, 8, 16]) for b in (1, 3, 8, 9)] == [1, 4, 8, 16]
 
 
+@pytest.mark.parametrize("rows", [1, 17])
+def test_the_split_k_product_is_f_linears(rows: int) -> None:
+    """`bench_p1.py split-k`'s candidate, in Triton's interpreter and float32 (its bfloat16
+    tl.dot is wrong there): the settings the benchmark tries that fit o's and down's shapes,
+    with tiles of 32 and 128 outputs, on a smaller matrix of the same kind (few outputs, a long
+    sum)."""
+    import torch.nn.functional as F
+
+    from tools.bench_gpu import QWEN3_0_6B
+    from tools.split_k import split_k_linear
+
+    gen = torch.Generator().manual_seed(rows)
+    x, weight = torch.randn(rows, 512, generator=gen), torch.randn(128, 512, generator=gen)
+    expected = F.linear(x, weight)
+    shapes = [s for n, s in bench_p1.decode_products(QWEN3_0_6B).items() if n in ("o", "down")]
+    tried = 0
+    for split, block_n, block_k in bench_p1.SPLIT_K_SETTINGS:
+        if any(k % (split * block_k) for k, _ in shapes) or 512 % (split * block_k):
+            continue
+        if block_n == 64:
+            continue  # the smallest and largest tiles are enough (the interpreter is slow)
+        got = split_k_linear(x, weight, split, block_n, block_k)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+        tried += 1
+    assert tried == 10
+    with pytest.raises(AssertionError):
+        split_k_linear(x, weight, 3, 32, 64)  # 512 inputs do not cut into 3 slices of 64s
+
+
 def test_the_workload_limit_covers_upstreams_requests() -> None:
     from minisgl.benchmark.offline import make_offline_workload
 

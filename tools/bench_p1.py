@@ -14,6 +14,7 @@ engine before and after the project and beside the official one, and where the t
                                             # the book's decode kernel against FlashInfer's
     python tools/bench_p1.py sampler        # the Gumbel-max sampler against FlashInfer's
     python tools/bench_p1.py matmuls        # the decode steps' matrix products, cuBLAS(Lt)
+    python tools/bench_p1.py split-k        # o and down split over K, in Triton, vs cuBLAS
 
 **limit.** A lower bound on the time of the workload on one H200, from three facts of the
 hardware and the shapes alone: a prefill is bound by arithmetic (two FLOPs per weight per
@@ -66,6 +67,11 @@ whole run's estimate, and the largest difference from FlashInfer's output.
 **matmuls.** The matrix products of a decode step (q/k/v, o, gate/up and down of one layer,
 and the LM head) at the batch of every 16th step of the run, padded to its CUDA graph's size,
 by cuBLAS and cuBLASLt, each in a CUDA graph: against reading the weights once per step.
+
+**split-k.** The two products with 1,024 outputs, o and down, at batches 1 to 64: cuBLAS
+against a Triton product that cuts the sum over the inputs into slices
+(`tools/split_k.py`), each setting of it (slices, tile sizes) timed in a CUDA graph and the
+fastest kept, with its largest difference from cuBLAS's result.
 """
 
 from __future__ import annotations
@@ -100,6 +106,10 @@ DECODE_KERNELS_OUT = {
 NORMS_ROPE_OUT = ROOT / "docs" / "data" / "p1-norms-rope.md"
 SAMPLER_OUT = ROOT / "docs" / "data" / "p1-sampler.md"
 MATMULS_OUT = ROOT / "docs" / "data" / "p1-matmuls.md"
+SPLIT_K_OUT = ROOT / "docs" / "data" / "p1-split-k.md"
+SPLIT_K_BATCHES = (1, 8, 16, 32, 64)
+# (slices of K, outputs per tile, inputs per load): the settings split-k tries
+SPLIT_K_SETTINGS = [(s, n, k) for s in (2, 4, 8, 16) for n in (32, 64, 128) for k in (64, 128)]
 RUN_TIMEOUT_S = 150  # one benchmark run: imports, start-up, warm-up and about 7 s timed
 # logits of 8 tokens, all of different sizes: the samplers' draws are checked against them
 SAMPLER_LOGITS = [2.0, 1.0, 0.5, 0.0, -1.0, 1.5, 0.2, -3.0]
@@ -1026,6 +1036,66 @@ def matmuls(out: Path, every: int = 16) -> None:
     print(out.read_text())
 
 
+def split_k(out: Path) -> None:
+    """o and down (bfloat16) at SPLIT_K_BATCHES rows: cuBLAS's `F.linear` against
+    `split_k_linear` in each of SPLIT_K_SETTINGS, each timed in a CUDA graph; the fastest
+    setting, its largest difference from cuBLAS's result, and the time of reading the weights.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from tools.bench_gpu import QWEN3_0_6B
+    from tools.split_k import split_k_linear
+
+    hw, layers = this_gpu(), QWEN3_0_6B["num_hidden_layers"]
+    products = {n: s for n, s in decode_products(QWEN3_0_6B).items() if n in ("o", "down")}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    columns = ["product", "rows", "cuBLAS us", "split-K us", "slices, tile, load",
+               "largest difference", "weights at full bandwidth us"]  # fmt: skip
+    rows = ["| " + " | ".join(columns) + " |", "|" + " ---: |" * len(columns)]
+    saved: Dict[int, float] = {}  # rows -> microseconds a layer saves
+    largest = 0.0  # the largest output of cuBLAS, to read the differences against
+    for name, (k, n) in products.items():
+        weight = torch.randn(n, k, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.02
+        floor = n * k * weight.element_size() / hw.memory_bytes_per_s * 1e6
+        for batch in SPLIT_K_BATCHES:
+            x = torch.randn(batch, k, generator=gen, device="cuda", dtype=torch.bfloat16)
+            reference = F.linear(x, weight)
+            largest = max(largest, reference.float().abs().max().item())
+            cublas, _ = graph_or_eager_microseconds(functools.partial(F.linear, x, weight))
+            best: Tuple[float, Tuple[int, int, int], float] | None = None
+            for split, block_n, block_k in SPLIT_K_SETTINGS:
+                if k % (split * block_k):
+                    continue
+                partial = torch.empty(split, batch, n, device="cuda", dtype=torch.float32)
+                result = torch.empty_like(reference)
+                call = functools.partial(
+                    split_k_linear, x, weight, split, block_n, block_k, partial, result
+                )
+                call()
+                diff = (result.float() - reference.float()).abs().max().item()
+                us, _ = graph_or_eager_microseconds(call)
+                if best is None or us < best[0]:
+                    best = (us, (split, block_n, block_k), diff)
+            assert best is not None
+            saved[batch] = saved.get(batch, 0.0) + max(0.0, cublas - best[0])
+            setting = ", ".join(map(str, best[1]))
+            rows.append(
+                f"| {name} | {batch} | {cublas:.2f} | {best[0]:.2f} | {setting} | "
+                f"{best[2]:.3g} | {floor:.2f} |"
+            )
+            print(rows[-1], flush=True)
+    per_step = ", ".join(f"{layers * us:.0f} us at batch {b}" for b, us in saved.items())
+    out.write_text(
+        "\n".join(rows) + f"\n\nA decode step, taking the faster of the two for o and down in "
+        f"each of its {layers} layers, would save {per_step}. Each product timed as "
+        f"{GRAPH_TIMING}; weights read at {hw.memory_bytes_per_s / 1e12:.2f} TB/s ({hw.name}'s "
+        f"datasheet). The largest difference is from cuBLAS's result (outputs up to {largest:.1f}). "
+        f"One {torch.cuda.get_device_name()}.\n"
+    )
+    print(out.read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -1041,6 +1111,7 @@ def main() -> None:
             "decode-kernels",
             "sampler",
             "matmuls",
+            "split-k",
         ],
     )
     parser.add_argument("--before", default="22", help="the chapter before the project")
@@ -1081,6 +1152,8 @@ def main() -> None:
         attention_over_the_run(args.out or ATTENTION_RUN_OUT)
     elif args.what == "matmuls":
         matmuls(args.out or MATMULS_OUT)
+    elif args.what == "split-k":
+        split_k(args.out or SPLIT_K_OUT)
     else:
         only = args.only.split(",") if args.only else []
         if args.from_json:  # the tables again, from a run's saved results

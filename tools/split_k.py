@@ -1,0 +1,69 @@
+"""A split-K matrix product in Triton, timed by `python tools/bench_p1.py split-k` against
+cuBLAS for the decode step's two products with few outputs (o and down). Not part of the
+engine: a candidate, measured.
+
+`F.linear(x, weight)` for a few rows `x` [M, K] and a weight [N, K] with N = 1,024 outputs
+gives cuBLAS few output tiles to share between the GPU's multiprocessors, and each tile's sum
+runs over all K inputs. Here the K inputs are cut into `split` slices: program (n, s) sums
+slice s for the outputs of tile n into a float32 buffer, and a second kernel adds the slices
+and rounds to the output's type."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _slice_products(
+    x, weight, partial, M, N, K, K_SLICE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    tile, piece = tl.program_id(0), tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    outputs = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for start in range(0, K_SLICE, BLOCK_K):
+        inputs = piece * K_SLICE + start + tl.arange(0, BLOCK_K)
+        a = tl.load(x + rows[:, None] * K + inputs[None, :], mask=rows[:, None] < M, other=0.0)
+        b = tl.load(weight + outputs[:, None] * K + inputs[None, :])
+        acc += tl.dot(a, tl.trans(b))
+    at = partial + piece * M * N + rows[:, None] * N + outputs[None, :]
+    tl.store(at, acc, mask=rows[:, None] < M)
+
+
+@triton.jit
+def _add_slices(partial, out, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offsets < MN
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for piece in range(SPLIT):
+        acc += tl.load(partial + piece * MN + offsets, mask=inside, other=0.0)
+    tl.store(out + offsets, acc.to(out.dtype.element_ty), mask=inside)
+
+
+def split_k_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    split: int,
+    block_n: int,
+    block_k: int,
+    partial: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`F.linear(x, weight)` with the sum over K cut into `split` slices. N must be a multiple
+    of `block_n` and K of `split * block_k`; `partial` ([split, M, N] float32) and `out` may be
+    given, to replay the call in a CUDA graph."""
+    (m, k), n = x.shape, weight.shape[0]
+    assert n % block_n == 0 and k % (split * block_k) == 0, (n, k, split, block_n, block_k)
+    if partial is None:
+        partial = torch.empty(split, m, n, device=x.device, dtype=torch.float32)
+    if out is None:
+        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    block_m = max(16, triton.next_power_of_2(m))  # tl.dot takes tiles of 16 rows or more
+    _slice_products[(n // block_n, split)](
+        x, weight, partial, m, n, k, k // split, block_m, block_n, block_k
+    )
+    _add_slices[(triton.cdiv(m * n, 1024),)](partial, out, m * n, split, 1024)
+    return out
