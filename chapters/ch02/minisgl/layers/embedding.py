@@ -42,7 +42,7 @@ def _swapped_wins(weight: torch.Tensor) -> bool:
     tiny model's head on our test machine, 0.2 s for SmolLM2's)."""
     key = (tuple(weight.shape), weight.dtype)
     if key not in _SWAPPED_WINS:
-        probe = torch.zeros(3, weight.shape[1], dtype=weight.dtype)
+        probe = torch.zeros(3, weight.shape[1], dtype=weight.dtype, device=weight.device)
         with torch.no_grad():
             linear = _best_seconds(lambda: F.linear(probe, weight))
             swapped = _best_seconds(lambda: torch.mm(weight, probe.T))
