@@ -1090,8 +1090,8 @@ def split_k(out: Path) -> None:
         "\n".join(rows) + f"\n\nA decode step, taking the faster of the two for o and down in "
         f"each of its {layers} layers, would save {per_step}. Each product timed as "
         f"{GRAPH_TIMING}; weights read at {hw.memory_bytes_per_s / 1e12:.2f} TB/s ({hw.name}'s "
-        f"datasheet). The largest difference is from cuBLAS's result (outputs up to {largest:.1f}). "
-        f"One {torch.cuda.get_device_name()}.\n"
+        f"datasheet). The largest difference is from cuBLAS's result (outputs up to "
+        f"{largest:.1f}). One {torch.cuda.get_device_name()}.\n"
     )
     print(out.read_text())
 
