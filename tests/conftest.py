@@ -27,7 +27,12 @@ from tests.support.watchdog import TEST_TIMEOUT_S, Watchdog, leftovers, stop_all
 from tools.models import ensure_model  # noqa: E402
 from tools.processes import describe  # noqa: E402
 from tools.warm_forkserver import install as install_warm_forkserver  # noqa: E402
+from tools.warm_launch import install as install_warm_launch  # noqa: E402
 
+# the servers and shells that tests start: forks of a copy of this process, made now, while
+# it has one thread and has not imported the package (tools/warm_launch.py); first, so that
+# the copy holds nothing of the fork server's copy below
+install_warm_launch()
 # the fork server of the workers that tests start: a copy of this process, which has imported
 # torch already, instead of a fresh interpreter that imports it again (tools/warm_forkserver.py)
 install_warm_forkserver()

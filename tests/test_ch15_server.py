@@ -5,7 +5,6 @@ request), and through a terminal."""
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import os
 import pty
@@ -28,6 +27,7 @@ import torch
 from examples.helpers.server_process import ServerProcess, child_env, sse_data, sse_events
 from minisgl.server.args import build_parser, parse_args
 from tools.parity import build_prompts, hf_references, load_tokenizer
+from tools.warm_launch import popen, run
 
 # a dev dependency (README's set-up installs it); a GPU machine without a package index may lack it
 openai = pytest.importorskip("openai", reason="the official openai client is not installed")
@@ -402,12 +402,9 @@ class Terminal:
         attrs[3] &= ~termios.ECHO  # and without our own keystrokes in it
         termios.tcsetattr(slave, termios.TCSANOW, attrs)
 
-        def own_terminal() -> None:
-            os.setsid()
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-        self.process = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave,
-                                        env=env, preexec_fn=own_terminal)  # fmt: skip
+        # the terminal is its controlling terminal, in a session of its own
+        self.process = popen(command, stdin=slave, stdout=slave, stderr=slave, env=env,
+                             terminal=True)  # fmt: skip
         os.close(slave)
         self.seen, self.read_to = "", 0
 
@@ -523,7 +520,7 @@ def test_the_command_line(capsys, monkeypatch) -> None:
         assert message in capsys.readouterr().err
     # and once as a reader types it: argparse's usage and the reason, exit code 2
     command = [sys.executable, "-m", "minisgl", "--model", "m", "--tp-size", "0"]
-    err = subprocess.run(command, capture_output=True, text=True, timeout=60, env=ENV)
+    err = run(command, env=ENV, timeout=60)  # subprocess.run's, or a fork of a warm copy
     assert err.returncode == 2 and "usage:" in err.stderr and "at least 1" in err.stderr
     explained = {flag: action.help for action in build_parser()._actions
                  for flag in action.option_strings}  # fmt: skip

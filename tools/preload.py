@@ -67,7 +67,6 @@ def _warm_forkserver() -> types.ModuleType:
 
 def _child(request: Dict, base_path: List[str]) -> None:
     """Become the run that `request` describes; never returns."""
-    code = 1
     try:
         os.setsid()
         os.chdir(request["cwd"])
@@ -84,52 +83,11 @@ def _child(request: Dict, base_path: List[str]) -> None:
             os.close(fd)
         for stream in (sys.stdout, sys.stderr):
             stream.reconfigure(line_buffering=True, write_through=True)  # type: ignore[attr-defined]
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
-        argv = request["argv"][1:]
-        extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if argv[0] == "-m":
-            first, module, args = request["cwd"], argv[1], argv[2:]
-        else:
-            first, module, args = str(Path(argv[0]).resolve().parent), None, argv[1:]
-        sys.path[:] = [first, *extra, *base_path]
-        sys.argv = [module, *args] if module is not None else [argv[0], *args]
-        sys.modules.pop("sitecustomize", None)
-        if any(Path(p, "sitecustomize.py").exists() for p in extra):
-            import sitecustomize  # noqa: F401  (the chapter's isolation guard)
-        threads = os.environ.get("OMP_NUM_THREADS")
-        if threads:
-            import torch
-
-            torch.set_num_threads(int(threads))
-        _warm_forkserver().install()  # the run's fork server, if it needs one: a copy of this
-        import runpy
-
-        if module is not None:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")  # as python does
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if e.code is not None and not isinstance(e.code, int):
-            print(e.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - reported as a fresh interpreter would
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    finally:
-        try:
-            threading._shutdown()  # type: ignore[attr-defined]  # wait for non-daemon threads
-            import atexit
-
-            atexit._run_exitfuncs()
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    except BaseException:  # noqa: BLE001 - no run to report it: the check sees exit code 1
+        os._exit(1)
+    forkserver = _warm_forkserver()
+    # the run's fork server: a copy of this process (torch imported, nothing of the book)
+    forkserver.run_command_line(request["argv"][1:], base_path, forkserver.install)
 
 
 def serve() -> None:

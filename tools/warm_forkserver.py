@@ -38,7 +38,7 @@ import stat
 import sys
 import threading
 import types
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 FORKSERVER_COMMAND = "from multiprocessing.forkserver import main"
 STDIO = [0, 1, 2]
@@ -117,6 +117,73 @@ def _forkable() -> bool:
         return False
     torch = sys.modules.get("torch")
     return torch is None or not torch.cuda.is_initialized()
+
+
+def run_command_line(
+    argv: List[str], base_path: List[str], ready_fork_server: Callable[[], object]
+) -> NoReturn:
+    """In a copy of a warm process whose environment, working folder and standard streams are
+    the run's already: run `python SCRIPT ...` or `python -m MODULE ...` (`argv` without the
+    interpreter) as a fresh interpreter would, and exit with its code. `base_path` is the
+    interpreter's own sys.path (the standard library, site-packages); `ready_fork_server`
+    readies the run's fork server (`install` or `fork_on_demand`)."""
+    code = 1
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
+        extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if argv[0] == "-m":
+            first, module, args = os.getcwd(), argv[1], argv[2:]
+        else:
+            first, module, args = os.path.dirname(os.path.realpath(argv[0])), None, argv[1:]
+        sys.path[:] = [first, *extra, *base_path]
+        sys.argv = [module, *args] if module is not None else [argv[0], *args]
+        _load_sitecustomize(extra)
+        threads = os.environ.get("OMP_NUM_THREADS")
+        if threads and "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(int(threads))
+        ready_fork_server()
+        import runpy
+
+        if module is not None:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")  # as python does
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - reported as a fresh interpreter would
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            threading._shutdown()  # type: ignore[attr-defined]  # wait for non-daemon threads
+            import atexit
+
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _load_sitecustomize(path: List[str]) -> None:
+    """Run the sitecustomize.py that the run's PYTHONPATH holds (a chapter's isolation guard,
+    tools/guard/), as a fresh interpreter would; not again if this process has run it."""
+    found = next((os.path.join(p, "sitecustomize.py") for p in path
+                  if os.path.exists(os.path.join(p, "sitecustomize.py"))), None)  # fmt: skip
+    if found is None:
+        return
+    loaded = getattr(sys.modules.get("sitecustomize"), "__file__", None)
+    if loaded is not None and os.path.realpath(loaded) == os.path.realpath(found):
+        return  # the same guard, with the same environment: it is in place
+    sys.modules.pop("sitecustomize", None)
+    import sitecustomize  # noqa: F401
 
 
 def zygote_pid() -> Optional[int]:

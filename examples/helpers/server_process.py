@@ -17,6 +17,8 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from tools.warm_launch import LaunchedProcess, popen
+
 START_TIMEOUT_S = 180.0  # loading a model and starting three processes; a slow CI machine
 STOP_TIMEOUT_S = 20.0
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,14 +47,14 @@ class ServerProcess:
                         "--port", str(self.port), *flags]  # fmt: skip
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="minisgl-server-", suffix=".log")
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen | LaunchedProcess | None = None
 
     def __enter__(self) -> ServerProcess:
         # the log at INFO whatever this process has: it goes to a file, and tests read it
         env = child_env(PYTHONUNBUFFERED="1", LOG_LEVEL="INFO")
-        # a session of its own: the server and its workers are one process group to stop
-        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT,
-                                        env=env, start_new_session=True)  # fmt: skip
+        # a session of its own: the server and its workers are one process group to stop.
+        # A fresh interpreter; under the tests, a fork of a warm one (tools/warm_launch.py)
+        self.process = popen(self.command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         try:
             self._wait_healthy()
         except BaseException:

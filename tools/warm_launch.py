@@ -1,0 +1,314 @@
+"""`python -m minisgl ...` started in milliseconds, for the tests that start servers and shells.
+
+Chapter 15's tests start two servers, two shells and one bad command line in each chapter from
+15 on, and chapter 16's a server of two ranks: about fifty fresh interpreters in a check, each
+of which imports torch, transformers and the web stack before it parses its first flag (1.5 to
+2 s of one core). `install()`, which tests/conftest.py calls while pytest's process is still a
+single thread and has not imported the package, forks a copy of that process (the launcher)
+and leaves it waiting. `popen(command, ...)` then asks the launcher for the command: the
+launcher forks again, and the fork becomes the run, as tools/preload.py's runs do. It gets the
+standard streams the caller gave, the environment and working folder of the call, a session of
+its own (and the terminal as its controlling terminal, for the shell), the interpreter's own
+sys.path, the chapter's isolation guard, and runs the module as `python -m` would. What differs
+from a fresh interpreter is only what it finds imported already.
+
+    process = popen([sys.executable, "-m", "minisgl", ...], stdout=log, stderr=STDOUT, env=env)
+    process.wait(20)                                # like subprocess.Popen
+
+The run is the launcher's child, not the caller's: the launcher reports its pid, then its exit
+code, over a socket that belongs to that run. When the caller ends (or dies), the launcher kills
+what is still running and exits. Where there is no launcher (a reader's main, a process with
+threads), or for any other command, `popen` is subprocess.Popen with a session of its own.
+"""
+
+from __future__ import annotations
+
+import ast
+import fcntl
+import gc
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import termios
+import threading
+import time
+from typing import IO, Dict, List, Optional, Sequence, Tuple, Union
+
+from tools import warm_forkserver
+
+# imported by the launcher before its first run: the libraries a server or a shell imports
+# at start-up, none of them the book's
+WEB_STACK = ("fastapi", "uvicorn", "pydantic", "zmq", "transformers.models.auto.tokenization_auto")
+PACKAGE = "minisgl"
+ANSWER_TIMEOUT_S = 30.0  # the launcher forks at once: it is busy or gone after this long
+KILL_WAIT_S = 5.0  # how long killed runs may take to end when the caller is gone
+
+File = Union[None, int, IO]
+_channel: Optional[socket.socket] = None  # the caller's end of the way to the launcher
+_lock = threading.Lock()
+
+
+def install() -> bool:
+    """Fork the launcher; False where this process cannot (threads, no descriptor passing)."""
+    global _channel
+    if _channel is not None:
+        return True
+    if not hasattr(socket, "send_fds") or threading.active_count() != 1:
+        return False
+    if any(name == PACKAGE or name.startswith(PACKAGE + ".") for name in sys.modules):
+        return False  # each run imports the package itself, as a fresh interpreter does
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        _serve(theirs)  # never returns
+    theirs.close()
+    _channel = ours
+    return True
+
+
+def popen(
+    command: Sequence[str],
+    *,
+    stdin: File = None,
+    stdout: File = None,
+    stderr: File = None,
+    env: Optional[Dict[str, str]] = None,
+    terminal: bool = False,
+) -> Union[subprocess.Popen, "LaunchedProcess"]:
+    """Start `command` in a session of its own; with `terminal`, its stdin (a pseudo-terminal)
+    becomes its controlling terminal. Through the launcher when there is one and `command` is
+    ``python -m MODULE ...``; else with subprocess.Popen."""
+    environment = dict(os.environ if env is None else env)
+    if _channel is None or len(command) < 3 or list(command[:2]) != [sys.executable, "-m"]:
+        return subprocess.Popen(list(command), stdin=stdin, stdout=stdout, stderr=stderr,
+                                env=environment, start_new_session=not terminal,
+                                preexec_fn=_own_terminal if terminal else None)  # fmt: skip
+    opened: List[int] = []  # /dev/null for DEVNULL: the run gets a copy of it
+    fds = [_fd(stdin, 0, opened), _fd(stdout, 1, opened)]
+    fds.append(fds[1] if stderr == subprocess.STDOUT else _fd(stderr, 2, opened))
+    ours, theirs = socket.socketpair()
+    request = repr((list(command[1:]), environment, os.getcwd(), terminal)).encode()
+    try:
+        with _lock:
+            socket.send_fds(_channel, [len(request).to_bytes(8, "big"), request],
+                            [*fds, theirs.fileno()])  # fmt: skip
+    finally:
+        theirs.close()
+        for fd in opened:
+            os.close(fd)
+    return LaunchedProcess(list(command), ours)
+
+
+def run(command: Sequence[str], env: Dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """Like subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        process = popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env)
+        try:
+            code = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(process.pid)
+            process.wait(10)
+            raise
+        out.seek(0)
+        err.seek(0)
+        text = [f.read().decode(errors="replace") for f in (out, err)]
+    return subprocess.CompletedProcess(list(command), code, text[0], text[1])
+
+
+class LaunchedProcess:
+    """A run that the launcher forked; waits like subprocess.Popen."""
+
+    def __init__(self, args: List[str], report: socket.socket) -> None:
+        self.args = args
+        self.returncode: Optional[int] = None
+        self._report = report
+        self._buffer = b""
+        line = self._line(ANSWER_TIMEOUT_S)
+        if not line:
+            report.close()
+            raise RuntimeError(
+                f"the launcher {'is gone' if line == b'' else 'did not answer'}: {args} not started"
+            )
+        self.pid = int(line)
+
+    def _line(self, timeout: Optional[float]) -> Optional[bytes]:
+        """The launcher's next line; None if none came within `timeout` s, b"" if the
+        launcher is gone."""
+        while b"\n" not in self._buffer:
+            if not select.select([self._report], [], [], timeout)[0]:
+                return None
+            chunk = self._report.recv(64)
+            if not chunk:
+                return b""
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def _ended(self, line: bytes) -> int:
+        self.returncode = int(line) if line else -9  # no word from a launcher that was killed
+        self._report.close()
+        return self.returncode
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None and (line := self._line(0)) is not None:
+            self._ended(line)
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if self.returncode is None:
+            line = self._line(timeout)
+            if line is None:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            self._ended(line)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _fd(file: File, default: int, opened: List[int]) -> int:
+    if file is None:
+        return default
+    if file == subprocess.DEVNULL:
+        opened.append(os.open(os.devnull, os.O_RDWR))
+        return opened[-1]
+    return file if isinstance(file, int) else file.fileno()
+
+
+def _own_terminal() -> None:
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# ------------------------------------------------------------------ the launcher's side
+def _serve(channel: socket.socket) -> None:
+    """The launcher's life: fork a run for each request, report its pid and exit code; when
+    the caller is gone, kill what still runs and exit."""
+    gc.freeze()  # pytest's objects stay untouched: the runs share their pages
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the tests
+    runs: Dict[int, socket.socket] = {}
+    base_path: Optional[List[str]] = None
+    try:
+        while True:
+            if select.select([channel], [], [], 0.1 if runs else None)[0]:
+                request = _receive(channel)
+                if request is None:
+                    break
+                (argv, environment, cwd, terminal), fds = request
+                if base_path is None:
+                    base_path = _interpreter_path(environment)
+                    _import_web_stack()
+                pid = os.fork()
+                if pid == 0:
+                    _become(channel, fds, argv, environment, cwd, terminal, base_path)
+                for fd in fds[:3]:
+                    os.close(fd)
+                report = socket.socket(fileno=fds[3])
+                report.sendall(f"{pid}\n".encode())
+                runs[pid] = report
+            _reap(runs)
+    finally:
+        for pid in runs:
+            _kill_group(pid)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while runs and time.monotonic() < deadline:  # reaped here, not left to the init process
+            _reap(runs)
+            time.sleep(0.05)
+        os._exit(0)
+
+
+def _receive(channel: socket.socket) -> Optional[Tuple[tuple, List[int]]]:
+    try:
+        header, fds, _, _ = socket.recv_fds(channel, 8, 4)
+        size, body = int.from_bytes(header or bytes(8), "big"), b""
+        while header and len(body) < size:
+            part = channel.recv(size - len(body))
+            if not part:
+                return None
+            body += part
+    except OSError:
+        return None
+    return (ast.literal_eval(body.decode()), fds) if header and len(fds) == 4 else None
+
+
+def _reap(runs: Dict[int, socket.socket]) -> None:
+    while runs:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        report = runs.pop(pid, None)
+        if report is not None:
+            try:
+                report.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+            except OSError:
+                pass  # the caller stopped waiting for it
+            report.close()
+
+
+def _interpreter_path(environment: Dict[str, str]) -> List[str]:
+    """sys.path of a fresh interpreter without PYTHONPATH: the standard library and
+    site-packages, and what their .pth files add (an editable install's folder)."""
+    env = {k: v for k, v in environment.items() if k != "PYTHONPATH"}
+    code = "import json, sys; print(json.dumps(sys.path[1:]))"
+    found = subprocess.run([sys.executable, "-c", code], env=env, cwd="/", capture_output=True,
+                           text=True, check=True, timeout=60)  # fmt: skip
+    return json.loads(found.stdout)
+
+
+def _import_web_stack() -> None:
+    for name in WEB_STACK:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    gc.freeze()
+
+
+def _become(
+    channel: socket.socket,
+    fds: List[int],
+    argv: List[str],
+    environment: Dict[str, str],
+    cwd: str,
+    terminal: bool,
+    base_path: List[str],
+) -> None:
+    """In the launcher's fork: become the run; never returns."""
+    try:
+        channel.close()
+        os.setsid()
+        warm_forkserver._take(fds[:3], warm_forkserver.STDIO)  # and closes the report socket
+        if terminal:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        warm_forkserver._become_fresh(environment, cwd)
+        import multiprocessing.process
+
+        multiprocessing.process.ORIGINAL_DIR = os.getcwd()
+    except BaseException:  # noqa: BLE001 - the caller sees exit code 1
+        os._exit(1)
+    # its workers' fork server: a fork of the run once it has imported its modules
+    warm_forkserver.run_command_line(argv, base_path, warm_forkserver.fork_on_demand)
