@@ -22,7 +22,7 @@ from tools import warm_launch
 ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
-import json, os, sys, time
+import json, os, sys, time, warnings
 
 what = sys.argv[1]
 if what == "sleep":
@@ -36,6 +36,10 @@ print(json.dumps({
     "leads_its_session": os.getsid(0) == os.getpid(),
     "package": [m for m in sys.modules if m.split(".")[0] == "minisgl"],
     "main": sys.modules["__main__"].__file__,
+    "warnings": [(action, getattr(message, "pattern", message) or "", category.__name__,
+                  getattr(module, "pattern", module) or "", lineno)
+                 for action, message, category, module, lineno in warnings.filters],
+    "finders": [type(finder).__module__ for finder in sys.meta_path],
 }))
 sys.stderr.write("to stderr\\n")
 sys.exit(int(what))
@@ -64,8 +68,12 @@ def test_a_launched_run_sees_what_a_fresh_interpreter_sees(probe: Path) -> None:
                            start_new_session=True)  # fmt: skip
     warm = warm_launch.run(command, env=env, timeout=60)
     assert (warm.returncode, warm.stderr) == (fresh.returncode, fresh.stderr) == (3, "to stderr\n")
-    seen = json.loads(warm.stdout)
-    assert seen == json.loads(fresh.stdout)
+    seen, expected = json.loads(warm.stdout), json.loads(fresh.stdout)
+    # import hooks: those of the libraries imported already (transformers has one), not pytest's
+    finders = seen.pop("finders")
+    assert not any(module.startswith("_pytest") for module in finders)
+    assert set(expected.pop("finders")) <= set(finders)
+    assert seen == expected
     assert seen["cwd"] == str(probe) and seen["variable"] == "a value" and seen["package"] == []
     assert seen["leads_its_session"] and seen["path"][0] == str(probe)
     assert seen["argv"] == [str(probe / "probe.py"), "3"]

@@ -8,9 +8,10 @@ single thread and has not imported the package, forks a copy of that process (th
 and leaves it waiting. `popen(command, ...)` then asks the launcher for the command: the
 launcher forks again, and the fork becomes the run, as tools/preload.py's runs do. It gets the
 standard streams the caller gave, the environment and working folder of the call, a session of
-its own (and the terminal as its controlling terminal, for the shell), the interpreter's own
-sys.path, the chapter's isolation guard, and runs the module as `python -m` would. What differs
-from a fresh interpreter is only what it finds imported already.
+its own (and the terminal as its controlling terminal, for the shell), a fresh interpreter's
+sys.path and warning filters, the chapter's isolation guard, and runs the module as
+`python -m` would. What differs from a fresh interpreter is only what it finds imported
+already.
 
     process = popen([sys.executable, "-m", "minisgl", ...], stdout=log, stderr=STDOUT, env=env)
     process.wait(20)                                # like subprocess.Popen
@@ -208,7 +209,7 @@ def _serve(channel: socket.socket) -> None:
     gc.freeze()  # pytest's objects stay untouched: the runs share their pages
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the tests
     runs: Dict[int, socket.socket] = {}
-    base_path: Optional[List[str]] = None
+    fresh: Optional[Tuple[List[str], List[list]]] = None
     try:
         while True:
             if select.select([channel], [], [], 0.1 if runs else None)[0]:
@@ -216,12 +217,12 @@ def _serve(channel: socket.socket) -> None:
                 if request is None:
                     break
                 (argv, environment, cwd, terminal), fds = request
-                if base_path is None:
-                    base_path = _interpreter_path(environment)
+                if fresh is None:
+                    fresh = _fresh_interpreter(environment)
                     _import_web_stack()
                 pid = os.fork()
                 if pid == 0:
-                    _become(channel, fds, argv, environment, cwd, terminal, base_path)
+                    _become(channel, fds, argv, environment, cwd, terminal, fresh)
                 for fd in fds[:3]:
                     os.close(fd)
                 report = socket.socket(fileno=fds[3])
@@ -269,14 +270,36 @@ def _reap(runs: Dict[int, socket.socket]) -> None:
             report.close()
 
 
-def _interpreter_path(environment: Dict[str, str]) -> List[str]:
-    """sys.path of a fresh interpreter without PYTHONPATH: the standard library and
-    site-packages, and what their .pth files add (an editable install's folder)."""
+# what a fresh interpreter has that pytest's process changed: its sys.path without PYTHONPATH
+# (the standard library, site-packages and what their .pth files add, an editable install's
+# folder) and its warning filters (pytest's settings ignore some categories)
+FRESH = """
+import json, sys, warnings
+filters = [(action, message.pattern if message else "", category.__module__,
+            category.__qualname__, getattr(module, "pattern", module) or "", lineno)
+           for action, message, category, module, lineno in warnings.filters]
+print(json.dumps([sys.path[1:], filters]))
+"""
+
+
+def _fresh_interpreter(environment: Dict[str, str]) -> Tuple[List[str], List[list]]:
     env = {k: v for k, v in environment.items() if k != "PYTHONPATH"}
-    code = "import json, sys; print(json.dumps(sys.path[1:]))"
-    found = subprocess.run([sys.executable, "-c", code], env=env, cwd="/", capture_output=True,
+    found = subprocess.run([sys.executable, "-c", FRESH], env=env, cwd="/", capture_output=True,
                            text=True, check=True, timeout=60)  # fmt: skip
-    return json.loads(found.stdout)
+    path, filters = json.loads(found.stdout)
+    return path, filters
+
+
+def _fresh_warnings(filters: List[list]) -> None:
+    import importlib
+    import warnings
+
+    warnings.resetwarnings()
+    for action, message, module_name, qualname, module, lineno in reversed(filters):
+        category = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            category = getattr(category, part)
+        warnings.filterwarnings(action, message, category, module, lineno)
 
 
 def _import_web_stack() -> None:
@@ -295,9 +318,10 @@ def _become(
     environment: Dict[str, str],
     cwd: str,
     terminal: bool,
-    base_path: List[str],
+    fresh: Tuple[List[str], List[list]],
 ) -> None:
     """In the launcher's fork: become the run; never returns."""
+    base_path, filters = fresh
     try:
         channel.close()
         os.setsid()
@@ -305,6 +329,10 @@ def _become(
         if terminal:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         warm_forkserver._become_fresh(environment, cwd)
+        _fresh_warnings(filters)
+        # pytest's import hook (it rewrites the asserts of test files) is not the run's
+        hooks = [f for f in sys.meta_path if type(f).__module__.startswith("_pytest.")]
+        sys.meta_path[:] = [f for f in sys.meta_path if f not in hooks]
         import multiprocessing.process
 
         multiprocessing.process.ORIGINAL_DIR = os.getcwd()
