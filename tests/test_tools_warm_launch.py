@@ -150,6 +150,23 @@ def test_the_launcher_stops_what_its_caller_left_running(probe: Path) -> None:
         time.sleep(0.1)
 
 
+def test_without_its_launcher_a_caller_starts_fresh_interpreters(probe: Path) -> None:
+    code = textwrap.dedent(f"""
+        import os, signal, subprocess, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from tools import warm_launch
+        assert warm_launch.install()
+        os.kill(warm_launch._launcher_pid, signal.SIGKILL)
+        os.waitpid(warm_launch._launcher_pid, 0)
+        done = warm_launch.run([sys.executable, "-m", "probe", "5"], env=dict(os.environ),
+                               timeout=60)
+        assert warm_launch._channel is None and done.returncode == 5, done
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=_env(PYTHONPATH=str(ROOT)))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -51,16 +51,21 @@ KILL_WAIT_S = 5.0  # how long killed runs may take to end when the caller is gon
 
 File = Union[None, int, IO]
 _channel: Optional[socket.socket] = None  # the caller's end of the way to the launcher
+_launcher_pid: Optional[int] = None
 _lock = threading.Lock()
 
 
 def install() -> bool:
-    """Fork the launcher; False where this process cannot (threads, no descriptor passing)."""
-    global _channel
+    """Fork the launcher; False where this process cannot (threads, a CUDA context, no
+    descriptor passing)."""
+    global _channel, _launcher_pid
     if _channel is not None:
         return True
     if not hasattr(socket, "send_fds") or threading.active_count() != 1:
-        return False
+        return False  # a copy made now could hold a lock that another thread has
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return False  # a fork could not use the GPU
     if any(name == PACKAGE or name.startswith(PACKAGE + ".") for name in sys.modules):
         return False  # each run imports the package itself, as a fresh interpreter does
     ours, theirs = socket.socketpair()
@@ -69,7 +74,7 @@ def install() -> bool:
         ours.close()
         _serve(theirs)  # never returns
     theirs.close()
-    _channel = ours
+    _channel, _launcher_pid = ours, pid
     return True
 
 
@@ -85,25 +90,29 @@ def popen(
     """Start `command` in a session of its own; with `terminal`, its stdin (a pseudo-terminal)
     becomes its controlling terminal. Through the launcher when there is one and `command` is
     ``python -m MODULE ...``; else with subprocess.Popen."""
+    global _channel
     environment = dict(os.environ if env is None else env)
-    if _channel is None or len(command) < 3 or list(command[:2]) != [sys.executable, "-m"]:
-        return subprocess.Popen(list(command), stdin=stdin, stdout=stdout, stderr=stderr,
-                                env=environment, start_new_session=not terminal,
-                                preexec_fn=_own_terminal if terminal else None)  # fmt: skip
-    opened: List[int] = []  # /dev/null for DEVNULL: the run gets a copy of it
-    fds = [_fd(stdin, 0, opened), _fd(stdout, 1, opened)]
-    fds.append(fds[1] if stderr == subprocess.STDOUT else _fd(stderr, 2, opened))
-    ours, theirs = socket.socketpair()
-    request = repr((list(command[1:]), environment, os.getcwd(), terminal)).encode()
-    try:
-        with _lock:
-            socket.send_fds(_channel, [len(request).to_bytes(8, "big"), request],
-                            [*fds, theirs.fileno()])  # fmt: skip
-    finally:
-        theirs.close()
-        for fd in opened:
-            os.close(fd)
-    return LaunchedProcess(list(command), ours)
+    if _channel is not None and len(command) >= 3 and list(command[:2]) == [sys.executable, "-m"]:
+        opened: List[int] = []  # /dev/null for DEVNULL: the run gets a copy of it
+        fds = [_fd(stdin, 0, opened), _fd(stdout, 1, opened)]
+        fds.append(fds[1] if stderr == subprocess.STDOUT else _fd(stderr, 2, opened))
+        ours, theirs = socket.socketpair()
+        request = repr((list(command[1:]), environment, os.getcwd(), terminal)).encode()
+        try:
+            with _lock:
+                socket.send_fds(_channel, [len(request).to_bytes(8, "big"), request],
+                                [*fds, theirs.fileno()])  # fmt: skip
+            return LaunchedProcess(list(command), ours)
+        except OSError:  # the launcher is gone (killed): from now on, fresh interpreters
+            ours.close()
+            _channel = None
+        finally:
+            theirs.close()
+            for fd in opened:
+                os.close(fd)
+    return subprocess.Popen(list(command), stdin=stdin, stdout=stdout, stderr=stderr,
+                            env=environment, start_new_session=not terminal,
+                            preexec_fn=_own_terminal if terminal else None)  # fmt: skip
 
 
 def run(command: Sequence[str], env: Dict[str, str], timeout: float) -> subprocess.CompletedProcess:
