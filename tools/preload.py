@@ -86,8 +86,21 @@ def _child(request: Dict, base_path: List[str]) -> None:
     except BaseException:  # noqa: BLE001 - no run to report it: the check sees exit code 1
         os._exit(1)
     forkserver = _warm_forkserver()
-    # the run's fork server: a copy of this process (torch imported, nothing of the book)
-    forkserver.run_command_line(request["argv"][1:], base_path, forkserver.install)
+
+    def ready() -> None:
+        # the servers a main starts (chapters 15 and 21): forks of a copy of this process, as
+        # the tests' are (tools/warm_launch.py in the run's tree); made first, so that it holds
+        # nothing of the fork server's copy
+        try:
+            from tools import warm_launch
+        except ImportError:
+            pass
+        else:
+            warm_launch.install()
+        # the run's fork server: a copy of this process (torch imported, nothing of the book)
+        forkserver.install()
+
+    forkserver.run_command_line(request["argv"][1:], base_path, ready)
 
 
 def serve() -> None:
