@@ -4,9 +4,10 @@ Chapter 15's tests start two servers, two shells and one bad command line in eac
 15 on, and chapter 16's a server of two ranks: about fifty fresh interpreters in a check, each
 of which imports torch, transformers and the web stack before it parses its first flag (1.5 to
 2 s of one core). `install()`, which tests/conftest.py calls while pytest's process is still a
-single thread and has not imported the package, forks a copy of that process (the launcher)
-and leaves it waiting. `popen(command, ...)` then asks the launcher for the command: the
-launcher forks again, and the fork becomes the run, as tools/preload.py's runs do. It gets the
+single thread and has not imported the package (and tools/preload.py in a main's run, before
+the main's code), forks a copy of that process (the launcher) and leaves it waiting.
+`popen(command, ...)` then asks the launcher for the command: the launcher forks again, and
+the fork becomes the run, as tools/preload.py's runs do. It gets the
 standard streams the caller gave, the environment and working folder of the call, a session of
 its own (and the terminal as its controlling terminal, for the shell), a fresh interpreter's
 sys.path and warning filters, the chapter's isolation guard, and runs the module as
@@ -18,8 +19,9 @@ already.
 
 The run is the launcher's child, not the caller's: the launcher reports its pid, then its exit
 code, over a socket that belongs to that run. When the caller ends (or dies), the launcher kills
-what is still running and exits. Where there is no launcher (a reader's main, a process with
-threads), or for any other command, `popen` is subprocess.Popen with a session of its own.
+what is still running and exits. Where there is no launcher (a main that a reader runs by hand,
+a process with threads), or for any other command, `popen` is subprocess.Popen with a session
+of its own.
 """
 
 from __future__ import annotations
