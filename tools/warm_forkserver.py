@@ -57,13 +57,7 @@ def install() -> bool:
     if not hasattr(socket, "send_fds") or threading.active_count() != 1:
         return False  # a copy made now could hold a lock that another thread has
 
-    ours, theirs = socket.socketpair()
-    pid = os.fork()
-    if pid == 0:
-        ours.close()
-        _wait(theirs)  # never returns
-    theirs.close()
-    _zygote = (pid, ours)
+    _zygote = fork_copy(_wait)
     spawn: Callable[[str, List[str], Sequence[int]], int] = mp_util.spawnv_passfds
 
     def spawnv_passfds(path: str, args: List[str], passfds: Sequence[int]) -> int:
@@ -80,6 +74,19 @@ def install() -> bool:
     spawnv_passfds.warm = True  # type: ignore[attr-defined]
     mp_util.spawnv_passfds = spawnv_passfds  # forkserver.py calls util.spawnv_passfds(...)
     return True
+
+
+def fork_copy(life: Callable[[socket.socket], None]) -> Tuple[int, socket.socket]:
+    """Fork a copy of this process that spends its `life` on its end of a new socket pair
+    and exits; return the copy's pid and this process's end."""
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        life(theirs)
+        os._exit(0)
+    theirs.close()
+    return pid, ours
 
 
 def fork_on_demand() -> None:

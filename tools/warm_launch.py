@@ -70,13 +70,7 @@ def install() -> bool:
         return False  # a fork could not use the GPU
     if any(name == PACKAGE or name.startswith(PACKAGE + ".") for name in sys.modules):
         return False  # each run imports the package itself, as a fresh interpreter does
-    ours, theirs = socket.socketpair()
-    pid = os.fork()
-    if pid == 0:
-        ours.close()
-        _serve(theirs)  # never returns
-    theirs.close()
-    _channel, _launcher_pid = ours, pid
+    _launcher_pid, _channel = warm_forkserver.fork_copy(_serve)
     return True
 
 
