@@ -50,6 +50,7 @@ WEB_STACK = ("fastapi", "uvicorn", "pydantic", "zmq", "transformers.models.auto.
 PACKAGE = "minisgl"
 ANSWER_TIMEOUT_S = 30.0  # the launcher forks at once: it is busy or gone after this long
 KILL_WAIT_S = 5.0  # how long killed runs may take to end when the caller is gone
+SETTLE_TIMEOUT_S = 10.0  # a fork takes milliseconds to call setsid: it is stuck after this long
 
 File = Union[None, int, IO]
 _channel: Optional[socket.socket] = None  # the caller's end of the way to the launcher
@@ -225,9 +226,16 @@ def _serve(channel: socket.socket) -> None:
                 if fresh is None:
                     fresh = _fresh_interpreter(environment)
                     _import_web_stack()
+                settled, settling = os.pipe()
                 pid = os.fork()
                 if pid == 0:
+                    os.close(settled)
                     _become(channel, fds, argv, environment, cwd, terminal, fresh)
+                os.close(settling)
+                # the pid goes out once the run leads its session (it closes its end then):
+                # a caller may stop it with killpg at once, as it may a Popen(start_new_session)
+                select.select([settled], [], [], SETTLE_TIMEOUT_S)
+                os.close(settled)
                 for fd in fds[:3]:
                     os.close(fd)
                 report = socket.socket(fileno=fds[3])
@@ -330,9 +338,11 @@ def _become(
     try:
         channel.close()
         os.setsid()
-        warm_forkserver._take(fds[:3], warm_forkserver.STDIO)  # and closes the report socket
         if terminal:
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            fcntl.ioctl(fds[0], termios.TIOCSCTTY, 0)
+        # closes every other pipe and socket: the report socket, and the launcher's pipe, which
+        # tells it that the run is settled in its session
+        warm_forkserver._take(fds[:3], warm_forkserver.STDIO)
         warm_forkserver._become_fresh(environment, cwd)
         _fresh_warnings(filters)
         # pytest's import hook (it rewrites the asserts of test files) is not the run's
