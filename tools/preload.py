@@ -83,7 +83,11 @@ def _child(request: Dict, base_path: List[str]) -> None:
             os.close(fd)
         for stream in (sys.stdout, sys.stderr):
             stream.reconfigure(line_buffering=True, write_through=True)  # type: ignore[attr-defined]
-    except BaseException:  # noqa: BLE001 - no run to report it: the check sees exit code 1
+    except BaseException:  # noqa: BLE001 - reported on the run's stderr, if it got that far
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
         os._exit(1)
     forkserver = _warm_forkserver()
 
