@@ -156,15 +156,9 @@ def serve() -> None:
                 children[pid] = True
                 reply.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
                 reply.flush()
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        for pid, code in _warm_forkserver().ended_children() if children else ():
             children.pop(pid, None)
-            reply.write(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}) + "\n")
+            reply.write(json.dumps({"exit": pid, "code": code}) + "\n")
             reply.flush()
     gc.unfreeze()  # frozen objects are never freed: extension modules would report them leaked
 

@@ -38,7 +38,7 @@ import stat
 import sys
 import threading
 import types
-from typing import Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
 FORKSERVER_COMMAND = "from multiprocessing.forkserver import main"
 STDIO = [0, 1, 2]
@@ -67,7 +67,7 @@ def install() -> bool:
             return spawn(path, args, passfds)
         (pid, channel), _zygote = _zygote, None  # one fork server per process
         request = repr((command, list(passfds), dict(os.environ), os.getcwd())).encode()
-        socket.send_fds(channel, [len(request).to_bytes(8, "big"), request], [*STDIO, *passfds])
+        send_message(channel, request, [*STDIO, *passfds])
         channel.close()
         return pid
 
@@ -87,6 +87,38 @@ def fork_copy(life: Callable[[socket.socket], None]) -> Tuple[int, socket.socket
         os._exit(0)
     theirs.close()
     return pid, ours
+
+
+def send_message(channel: socket.socket, body: bytes, fds: Sequence[int]) -> None:
+    """`body` after its length, with copies of the descriptors `fds` (SCM_RIGHTS)."""
+    socket.send_fds(channel, [len(body).to_bytes(8, "big"), body], list(fds))
+
+
+def receive_message(channel: socket.socket, max_fds: int) -> Optional[Tuple[bytes, List[int]]]:
+    """What `send_message` sent, and its descriptors; None if the channel closed before a
+    message came, ConnectionError if it closed in the middle of one."""
+    header, fds, _, _ = socket.recv_fds(channel, 8, max_fds)
+    if not header:
+        return None
+    size, body = int.from_bytes(header, "big"), b""
+    while len(body) < size:
+        part = channel.recv(size - len(body))
+        if not part:
+            raise ConnectionError("the channel closed in the middle of a message")
+        body += part
+    return body, fds
+
+
+def ended_children() -> Iterator[Tuple[int, int]]:
+    """(pid, exit code) of each child of this process that has ended, without waiting."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, os.waitstatus_to_exitcode(status)
 
 
 def fork_on_demand() -> None:
@@ -204,17 +236,12 @@ def _wait(channel: socket.socket) -> None:
     gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for the tests, not for this
     try:
-        header, fds, _, _ = socket.recv_fds(channel, 8, MAX_FDS)
-        size, body = int.from_bytes(header or bytes(8), "big"), b""
-        while header and len(body) < size:
-            part = channel.recv(size - len(body))
-            if not part:
-                os._exit(1)
-            body += part
+        message = receive_message(channel, MAX_FDS)
     except BaseException:  # noqa: BLE001 - the parent is gone or sent nothing usable
         os._exit(1)
-    if not header:  # the parent ended without a fork server
+    if message is None:  # the parent ended without a fork server
         os._exit(0)
+    body, fds = message
     command, targets, environment, cwd = ast.literal_eval(body.decode())
 
     def prepare() -> None:

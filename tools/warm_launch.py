@@ -97,8 +97,7 @@ def popen(
         request = repr((list(command[1:]), environment, os.getcwd(), terminal)).encode()
         try:
             with _lock:
-                socket.send_fds(_channel, [len(request).to_bytes(8, "big"), request],
-                                [*fds, theirs.fileno()])  # fmt: skip
+                warm_forkserver.send_message(_channel, request, [*fds, theirs.fileno()])
             return LaunchedProcess(list(command), ours)
         except OSError:  # the launcher is gone (killed): from now on, fresh interpreters
             ours.close()
@@ -254,30 +253,20 @@ def _serve(channel: socket.socket) -> None:
 
 def _receive(channel: socket.socket) -> Optional[Tuple[tuple, List[int]]]:
     try:
-        header, fds, _, _ = socket.recv_fds(channel, 8, 4)
-        size, body = int.from_bytes(header or bytes(8), "big"), b""
-        while header and len(body) < size:
-            part = channel.recv(size - len(body))
-            if not part:
-                return None
-            body += part
+        message = warm_forkserver.receive_message(channel, 4)
     except OSError:
         return None
-    return (ast.literal_eval(body.decode()), fds) if header and len(fds) == 4 else None
+    if message is None or len(message[1]) != 4:
+        return None
+    return ast.literal_eval(message[0].decode()), message[1]
 
 
 def _reap(runs: Dict[int, socket.socket]) -> None:
-    while runs:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    for pid, code in warm_forkserver.ended_children() if runs else ():
         report = runs.pop(pid, None)
         if report is not None:
             try:
-                report.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                report.sendall(f"{code}\n".encode())
             except OSError:
                 pass  # the caller stopped waiting for it
             report.close()
