@@ -415,6 +415,72 @@ def test_the_workload_limit_covers_upstreams_requests() -> None:
     assert 0 < result.prefill_s < result.decode_s
 
 
+def test_the_batch_sweeps_limit_is_the_limit_of_each_sizes_requests() -> None:
+    """`bench_p1.py batch` puts every size's measured rate beside that size's own limit: b
+    requests of the sweep's prompt and output lengths, all at once. The limit grows with the
+    batch (the weights are shared) but less than in proportion (each request reads its keys)."""
+    from tools.bench_gpu import QWEN3_0_6B
+
+    jobs = bench_p1.batch_jobs([1, 4])
+    assert [len(j["prompts"]) for j in jobs] == [1, 4]
+    assert {len(p) for j in jobs for p in j["prompts"]} == {bench_p1.BATCH_PROMPT}
+    assert all(0 <= t <= 10000 for j in jobs for p in j["prompts"] for t in p)
+    assert jobs[1]["new_tokens"] == [bench_p1.BATCH_NEW] * 4
+    assert bench_p1.batch_jobs([4]) == jobs[1:]  # seeded by the size: the same prompts again
+    limits = bench_p1.batch_limits(bench_p1.H200)
+    shape = bench_p1.Shape.from_config(QWEN3_0_6B)
+    one = bench_p1.limit(shape, [bench_p1.BATCH_PROMPT], [bench_p1.BATCH_NEW], bench_p1.H200)
+    assert limits[0] == dict(batch=1, seconds=one.seconds, tokens_per_s=one.tokens_per_s)
+    rates = [x["tokens_per_s"] for x in limits]
+    assert rates == sorted(rates)
+    assert rates[-1] < 256 * rates[0]
+    data = dict(
+        curves={"ours": [dict(batch=x["batch"], tokens=x["batch"] * 256, seconds=1.0)
+                         for x in limits]},
+        limit=limits, prompt_len=256, new_tokens=256, repeat=2, hardware="H", machine="M",
+    )  # fmt: skip
+    table = bench_p1.batch_table(data)
+    assert f"| 1 | 256 | {rates[0]:,.0f} | {256 / rates[0]:.0%} |" in table
+
+
+def test_a_runs_step_time_is_its_wall_time_over_its_forward_steps() -> None:
+    """Where the runs counted their forward steps, the table adds the mean milliseconds per
+    step, says how many steps the runs made, and compares with the engine it is told."""
+    runs = {
+        "this engine": [dict(tokens=2000, seconds=1.0, prefill_steps=2, decode_steps=98)] * 2,
+        "without x": [dict(tokens=2000, seconds=1.25, prefill_steps=2, decode_steps=98)],
+        "official": [dict(tokens=2000, seconds=1.1, prefill_steps=3, decode_steps=99)],
+    }
+    with mock.patch("torch.cuda.get_device_name", lambda: "a GPU"):
+        table = bench_p1.runs_table(runs, bench_p1.workload_limit(), "", base="this engine")
+    assert "| this engine | 2,000, 2,000 | 2,000 | 0.0% | 5% | 10.00 |" in table
+    assert "| without x | 1,600 | 1,600 | 0.0% | 4% | 12.50 |" in table
+    assert "Ratios to this engine: without x 0.800; official 0.909." in table
+    assert "the runs made 2 + 98 to 3 + 99 prefill + decode steps" in table
+
+
+def test_timed_jobs_counts_each_jobs_tokens_and_the_steps_are_counted(
+    model_path, monkeypatch
+) -> None:
+    from minisgl.engine.engine import Engine
+    from minisgl.llm import LLM
+    from tools.bench_gpu import StepCounter, timed_jobs
+
+    monkeypatch.setattr(Engine, "forward_batch", Engine.forward_batch)  # put back afterwards
+    steps = StepCounter()
+    llm = LLM(str(model_path("tiny-qwen3")), dtype=torch.float32, page_size=4,
+              num_page_override=256, max_running_req=4, cuda_graph_max_bs=0)  # fmt: skip
+    jobs = [
+        dict(prompts=[[5, 6, 7]], new_tokens=[3]),
+        dict(prompts=[[8, 9], [10]], new_tokens=[2, 4]),
+    ]
+    results = timed_jobs(llm, jobs)
+    assert [(r["batch"], r["tokens"]) for r in results] == [(1, 3), (2, 6)]
+    assert all(r["seconds"] > 0 for r in results)
+    # job one: a prefill and 2 decode steps; job two: one prefill of both, then 3 decode steps
+    assert (steps.prefill, steps.decode) == (2, 5)
+
+
 # ------------------------------------------------- q/k norms and RoPE in one Triton kernel
 def _qkv_case(dtype: torch.dtype, seed: int = 0):
     """A qkv output of 7 tokens (6 query heads, 3 key/value heads of 32: head counts that are

@@ -175,6 +175,31 @@ class HostTimers:
         }
 
 
+class StepCounter:
+    """The forward steps of a run, prefill and decode apart: `Engine.forward_batch`, which
+    upstream's engine and this one both have, counted by its batch's phase."""
+
+    def __init__(self) -> None:
+        from minisgl.engine.engine import Engine
+
+        self.prefill = self.decode = 0
+        original = Engine.forward_batch
+        counter = self
+
+        @functools.wraps(original)
+        def counted(engine: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+            if batch.is_decode:
+                counter.decode += 1
+            else:
+                counter.prefill += 1
+            return original(engine, batch, *args, **kwargs)
+
+        Engine.forward_batch = counted  # type: ignore[method-assign]
+
+    def reset(self) -> None:
+        self.prefill = self.decode = 0
+
+
 OTHER_ROWS = {
     "official": "the official mini-sglang (FlashInfer, CUDA graphs, overlap on)",
     "transformers": "transformers `generate`, batch 64, prompts of 256, 256 new tokens (the floor)",
@@ -236,11 +261,34 @@ def build_engine(name: str):
     return llm
 
 
-def run_ours(name: str, profile: str | None = None) -> Dict:
+def run_ours(name: str, profile: str | None = None, jobs_file: Path | None = None) -> Any:
+    if jobs_file is not None:
+        return timed_jobs(build_engine(name), json.loads(jobs_file.read_text()))
     prompts, new_tokens = workload()
     timers = HostTimers() if profile == "host" else None
     kernels: Dict[str, float] | None = {} if profile == "kernels" else None
     return timed_generate(build_engine(name), prompts, new_tokens, timers, kernels)
+
+
+def timed_jobs(llm: Any, jobs: List[Dict[str, List]]) -> List[Dict]:
+    """Time one `generate` of each job ({"prompts": ..., "new_tokens": ...}) in turn on a
+    warmed-up engine (ours or upstream's), then shut it down."""
+    from minisgl.core import SamplingParams
+
+    results = []
+    try:
+        for job in jobs:
+            params = [
+                SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n)
+                for n in job["new_tokens"]
+            ]
+            start = time.perf_counter()
+            llm.generate(job["prompts"], params)
+            seconds = time.perf_counter() - start
+            results.append(dict(batch=len(params), seconds=seconds, tokens=sum(job["new_tokens"])))
+    finally:
+        llm.shutdown()
+    return results
 
 
 def timed_generate(
@@ -255,6 +303,7 @@ def timed_generate(
     same API), then shut it down."""
     from minisgl.core import SamplingParams
 
+    steps = StepCounter()
     try:
         params = [
             SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=n) for n in new_tokens
@@ -271,7 +320,8 @@ def timed_generate(
     # upstream's generate drops a last token that happens to be EOS even when EOS is ignored;
     # its bench.py counts max_tokens, as this does, and this engine returns every token
     assert generated == sum(new_tokens) or not count_exact, (generated, sum(new_tokens))
-    result = dict(seconds=seconds, tokens=sum(new_tokens), prompt_tokens=sum(map(len, prompts)))
+    result = dict(seconds=seconds, tokens=sum(new_tokens), prompt_tokens=sum(map(len, prompts)),
+                  prefill_steps=steps.prefill, decode_steps=steps.decode)  # fmt: skip
     if timers is not None:
         result["host"] = timers.result()
     if kernels is not None:
@@ -316,8 +366,10 @@ def run_official(source: Path, site: Path | None, work_file: Path, profile: str 
     llm.generate(["Benchmark: "], SamplingParams(temperature=0.1))  # bench.py's warm-up
     # timers only now: upstream's engine refuses to start once CUDA is initialised (importing
     # FlashInfer does that); its offline LLM bound these two methods when it was built
-    timers = HostTimers() if profile == "host" else None
     llm.receive_msg, llm.send_result = llm.offline_receive_msg, llm.offline_send_result
+    if "jobs" in work:
+        return timed_jobs(llm, work["jobs"])
+    timers = HostTimers() if profile == "host" else None
     kernels: Dict[str, float] | None = {} if profile == "kernels" else None
     return timed_generate(
         llm, work["prompts"], work["new_tokens"], timers, kernels, count_exact=False
@@ -371,24 +423,36 @@ def print_result(result: Any) -> None:
     print(RESULT + json.dumps(result), flush=True)
 
 
-def run_in_child(name: str, profile: str | None = None, env: Dict[str, str] | None = None) -> Dict:
+def run_in_child(
+    name: str,
+    profile: str | None = None,
+    env: Dict[str, str] | None = None,
+    jobs: List[Dict] | None = None,
+) -> Any:
     """Configuration `name` of this engine in a fresh process (with `env` added to its
     environment); `profile` "host" or "kernels" adds the scheduler's timers or the GPU's
-    kernel times to the result."""
-    return run_for_result(
-        [__file__, "--child", name, *(["--profile", profile] if profile else [])],
-        RUN_TIMEOUT_S,
-        env,
-    )
+    kernel times to the result. Given `jobs`, it times those instead of the workload (a result
+    per job, as `timed_jobs` gives them)."""
+    args = [__file__, "--child", name, *(["--profile", profile] if profile else [])]
+    with tempfile.TemporaryDirectory() as folder:
+        if jobs:
+            jobs_file = Path(folder) / "jobs.json"
+            jobs_file.write_text(json.dumps(jobs))
+            args += ["--jobs", str(jobs_file)]
+        return run_for_result(args, RUN_TIMEOUT_S, env)
 
 
-def run_official_in_child(source: Path, site: Path | None, profile: str | None = None) -> Dict:
-    """The official engine in a fresh process, on this engine's copy of the workload."""
+def run_official_in_child(
+    source: Path, site: Path | None, profile: str | None = None, jobs: List[Dict] | None = None
+) -> Any:
+    """The official engine in a fresh process, on this engine's copy of the workload, or on
+    `jobs` (then: a result per job, as `timed_jobs` gives them)."""
     prompts, new_tokens = workload()
     with tempfile.TemporaryDirectory() as folder:
         work_file = Path(folder) / "workload.json"
         model = str(official_model_folder())  # made here: upstream's transformers is older
-        work_file.write_text(json.dumps(dict(prompts=prompts, new_tokens=new_tokens, model=model)))
+        work = dict(prompts=prompts, new_tokens=new_tokens, model=model)
+        work_file.write_text(json.dumps({**work, **({"jobs": jobs} if jobs else {})}))
         args = [__file__, "--child", "official", "--official", str(source)]
         args += ["--work", str(work_file)] + (["--official-site", str(site)] if site else [])
         args += ["--profile", profile] if profile else []
@@ -418,6 +482,7 @@ def main() -> None:
     parser.add_argument("--official-site", type=Path, help="packages first on upstream's path")
     parser.add_argument("--profile", choices=["host", "kernels"], help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--jobs", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "official":
@@ -427,7 +492,7 @@ def main() -> None:
         result = (
             run_transformers()
             if args.child == "transformers"
-            else run_ours(args.child, args.profile)
+            else run_ours(args.child, args.profile, args.jobs)
         )
         print_result(result)
         return

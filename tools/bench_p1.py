@@ -96,6 +96,8 @@ sys.path.insert(0, str(ROOT))
 OUT = ROOT / "docs" / "data" / "p1-ab.md"
 SIDE_OUT = ROOT / "docs" / "data" / "p1-side.md"
 PROFILE_OUT = ROOT / "docs" / "data" / "p1-profile.md"
+OPTIONS_OUT = ROOT / "docs" / "data" / "p1-options.md"
+BATCH_OUT = ROOT / "docs" / "data" / "p1-batch.md"
 ATTENTION_OUT = ROOT / "docs" / "data" / "p1-attention.md"
 ATTENTION_RUN_OUT = ROOT / "docs" / "data" / "p1-attention-run.md"
 DECODE_KERNELS_OUT = {
@@ -268,27 +270,50 @@ def run_tree(tree: Path) -> Dict:
                           RUN_TIMEOUT_S)  # fmt: skip
 
 
-def runs_table(runs: Dict[str, List[Dict]], result: Limit, ratio: str) -> str:
+def step_ms(result: Dict) -> float | None:
+    """A run's mean time per forward step (prefill and decode), where the run counted them."""
+    steps = result.get("prefill_steps", 0) + result.get("decode_steps", 0)
+    return 1000 * result["seconds"] / steps if steps else None
+
+
+def runs_table(
+    runs: Dict[str, List[Dict]], result: Limit, ratio: str, base: str | None = None
+) -> str:
+    """Every run's output tokens per second, the means, their spread, and each mean as a
+    fraction of the limit; the means' ratios to engine `base` (the last one by default)."""
     import torch
 
+    counted = all(step_ms(r) is not None for results in runs.values() for r in results)
     rows = [
-        "| engine | runs (output tokens/s) | mean | spread | of the limit |",
-        "| --- | --- | ---: | ---: | ---: |",
+        "| engine | runs (output tokens/s) | mean | spread | of the limit |"
+        + (" ms per step |" if counted else ""),
+        "| --- | --- | ---: | ---: | ---: |" + (" ---: |" if counted else ""),
     ]
     means = {}
     for label, results in runs.items():
         rates = [r["tokens"] / r["seconds"] for r in results]
         means[label] = statistics.mean(rates)
         spread = (max(rates) - min(rates)) / means[label]
-        rows.append(
+        row = (
             f"| {label} | {', '.join(f'{r:,.0f}' for r in rates)} | {means[label]:,.0f} | "
             f"{spread:.1%} | {means[label] / result.tokens_per_s:.0%} |"
         )
-    *others, (last, base) = means.items()  # the last engine is the one compared with
+        if counted:
+            row += f" {statistics.mean(step_ms(r) for r in results):.2f} |"  # type: ignore[misc]
+        rows.append(row)
+    base = base or list(means)[-1]
+    others = [(k, m) for k, m in means.items() if k != base]
     if len(others) == 1:
-        ratios = f"{ratio}: {others[0][1] / base:.3f}"
+        ratios = f"{ratio}: {others[0][1] / means[base]:.3f}"
     else:
-        ratios = f"Ratios to {last}: " + "; ".join(f"{k} {m / base:.3f}" for k, m in others)
+        ratios = f"Ratios to {base}: " + "; ".join(f"{k} {m / means[base]:.3f}" for k, m in others)
+    if counted:
+        pairs = {(r["prefill_steps"], r["decode_steps"]) for rs in runs.values() for r in rs}
+        made = " to ".join(f"{p} + {d}" for p, d in sorted(pairs)[:: max(1, len(pairs) - 1)])
+        ratios += (
+            ". A step is one forward pass of the model; the runs made"
+            f" {made} prefill + decode steps"
+        )
     return (
         "\n".join(rows) + f"\n\n{ratios}. The limit: {result.seconds:.2f} s, "
         f"{result.tokens_per_s:,.0f} output tokens/s ({result.hardware}). Measured on one "
@@ -297,11 +322,14 @@ def runs_table(runs: Dict[str, List[Dict]], result: Limit, ratio: str) -> str:
     )
 
 
-def alternate(engines: Dict[str, Callable[[], Dict]], rounds: int) -> Dict[str, List[Dict]]:
-    """Run each engine once uncounted (it fills the kernel caches), then `rounds` times each,
-    taking turns."""
+def alternate(
+    engines: Dict[str, Callable[[], Dict]], rounds: int, warm: Sequence[str] | None = None
+) -> Dict[str, List[Dict]]:
+    """Run each engine (or each of `warm`) once uncounted (it fills the kernel caches on
+    disk), then `rounds` times each, taking turns."""
     for label, run in engines.items():
-        print(f"warm-up {label}: {run()}", flush=True)
+        if warm is None or label in warm:
+            print(f"warm-up {label}: {run()}", flush=True)
     runs: Dict[str, List[Dict]] = {label: [] for label in engines}
     for round in range(rounds):
         for label, run in engines.items():
@@ -350,6 +378,131 @@ def side(source: Path, site: Path | None, rounds: int, out: Path, variants: List
     runs = alternate(engines(source, site, variants), rounds)
     out.write_text(runs_table(runs, workload_limit(this_gpu()), "Ratio this engine / official"))
     print(out.read_text())
+
+
+# the project's kernels, each of which the engine can run without: (what the row says, the
+# environment that turns it off)
+OPTIONS: List[Tuple[str, Dict[str, str]]] = [
+    ("without the sampler of one pass", {"MINISGL_GUMBEL_SAMPLING": "0"}),
+    ("without the fused norms and RoPE", {"MINISGL_FUSED_QK_NORM_ROPE": "0"}),
+    ("without the decode kernel of equal pieces", {"MINISGL_TRITON_DECODE": "0"}),
+]
+
+
+def options(source: Path | None, site: Path | None, rounds: int, out: Path) -> None:
+    """This engine, then without each of the project's kernels, then without all of them,
+    then (given its sources) the official engine: alternating as `side` does. Only this
+    engine and the official one get an uncounted run: the variants run kernels that this
+    engine's uncounted run compiled, or FlashInfer's, which the kit's cache holds."""
+    from tools.bench_gpu import run_in_child, run_official_in_child
+
+    runs: Dict[str, Callable[[], Dict]] = {
+        "this engine": functools.partial(run_in_child, "fi-graphs")
+    }
+    everything: Dict[str, str] = {}
+    for label, env in OPTIONS:
+        runs[f"this engine, {label}"] = functools.partial(run_in_child, "fi-graphs", env=env)
+        everything.update(env)
+    runs["this engine, without all three"] = functools.partial(
+        run_in_child, "fi-graphs", env=everything
+    )
+    if source is not None:
+        runs["official mini-sglang"] = functools.partial(run_official_in_child, source, site)
+    measured = alternate(runs, rounds, warm=["this engine", "official mini-sglang"])
+    out.write_text(
+        runs_table(measured, workload_limit(this_gpu()), "", base="this engine")
+        + "\nOptions turned off by: "
+        + "; ".join(
+            f"{label}, {', '.join(f'`{k}={v}`' for k, v in env.items())}" for label, env in OPTIONS
+        )
+        + ".\n"
+    )
+    print(out.read_text())
+
+
+BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+BATCH_PROMPT, BATCH_NEW = 256, 256
+
+
+def batch_jobs(sizes: Sequence[int] = BATCH_SIZES) -> List[Dict[str, List]]:
+    """For each size b: b prompts of BATCH_PROMPT random ids below 10,000 (seeded by b), each
+    to generate BATCH_NEW tokens, as chapter 21's batch sweep makes them."""
+    import random
+
+    jobs = []
+    for b in sizes:
+        rng = random.Random(b)
+        prompts = [[rng.randint(0, 10000) for _ in range(BATCH_PROMPT)] for _ in range(b)]
+        jobs.append(dict(prompts=prompts, new_tokens=[BATCH_NEW] * b))
+    return jobs
+
+
+def batch_limits(hw: Hardware, sizes: Sequence[int] = BATCH_SIZES) -> List[Dict[str, float]]:
+    """The limit of each of `batch_jobs`: all of a job's requests at once, as the run has them."""
+    from tools.bench_gpu import QWEN3_0_6B
+
+    shape = Shape.from_config(QWEN3_0_6B)
+    found = []
+    for b in sizes:
+        bound = limit(shape, [BATCH_PROMPT] * b, [BATCH_NEW] * b, hw)
+        found.append(dict(batch=b, seconds=bound.seconds, tokens_per_s=bound.tokens_per_s))
+    return found
+
+
+def batch(source: Path | None, site: Path | None, repeat: int, out: Path) -> None:
+    """Throughput against batch size: each engine in one fresh process runs `batch_jobs`
+    `repeat` times over (the best of each size is kept), beside each size's limit."""
+    import torch
+
+    from tools.bench_gpu import run_in_child, run_official_in_child
+
+    jobs = batch_jobs() * repeat
+    runs: Dict[str, Callable[[], List[Dict]]] = {
+        "this engine": functools.partial(run_in_child, "fi-graphs", jobs=jobs)
+    }
+    if source is not None:
+        runs["official mini-sglang"] = functools.partial(
+            run_official_in_child, source, site, jobs=jobs
+        )
+    curves = {}
+    for label, run in runs.items():
+        best: Dict[int, Dict] = {}
+        for point in run():
+            if point["batch"] not in best or point["seconds"] < best[point["batch"]]["seconds"]:
+                best[point["batch"]] = point
+        curves[label] = [best[b] for b in BATCH_SIZES]
+        print(f"{label}: {curves[label]}", flush=True)
+    hw = this_gpu()
+    data = dict(
+        machine=f"One {torch.cuda.get_device_name()}, torch {torch.__version__}",
+        hardware=hw.name, prompt_len=BATCH_PROMPT, new_tokens=BATCH_NEW, repeat=repeat,
+        curves=curves, limit=batch_limits(hw),
+    )  # fmt: skip
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    out.write_text(batch_table(data))
+    print(out.read_text())
+
+
+def batch_table(data: Dict) -> str:
+    labels = list(data["curves"])
+    rows = [
+        "| requests at once | " + " | ".join(labels) + " | the limit | "
+        + " | ".join(f"{label}, of the limit" for label in labels) + " |",
+        "| ---: |" + " ---: |" * (2 * len(labels) + 1),
+    ]  # fmt: skip
+    for i, bound in enumerate(data["limit"]):
+        rates = [data["curves"][k][i]["tokens"] / data["curves"][k][i]["seconds"] for k in labels]
+        rows.append(
+            f"| {bound['batch']} | " + " | ".join(f"{r:,.0f}" for r in rates)
+            + f" | {bound['tokens_per_s']:,.0f} | "
+            + " | ".join(f"{r / bound['tokens_per_s']:.0%}" for r in rates) + " |"
+        )  # fmt: skip
+    return (
+        "\n".join(rows)
+        + f"\n\nOutput tokens per second: each size b is b prompts of {data['prompt_len']} random"
+        f" ids, {data['new_tokens']} new tokens each, the best of {data['repeat']} runs in one"
+        f" process per engine. The limit: {data['hardware']}. {data['machine']}.\n"
+    )
 
 
 def profile(
@@ -1104,6 +1257,8 @@ def main() -> None:
             "limit",
             "ab",
             "side",
+            "options",
+            "batch",
             "profile",
             "attention",
             "attention-run",
@@ -1140,6 +1295,10 @@ def main() -> None:
         if args.official is None:
             parser.error("side needs --official: a folder holding upstream's minisgl package")
         side(args.official, args.official_site, args.rounds, args.out or SIDE_OUT, args.variant)
+    elif args.what == "options":
+        options(args.official, args.official_site, args.rounds, args.out or OPTIONS_OUT)
+    elif args.what == "batch":
+        batch(args.official, args.official_site, args.rounds, args.out or BATCH_OUT)
     elif args.what == "attention":
         attention(args.out or ATTENTION_OUT)
     elif args.what == "norms-rope":

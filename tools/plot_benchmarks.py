@@ -157,6 +157,32 @@ def plot_profile(data: Path, out: Path) -> Path:
     return path
 
 
+def plot_p1_batch(data: Path, out: Path) -> Path:
+    """Output tokens per second against the requests decoding at once, each engine of
+    `bench_p1.py batch` and the limit of each size on the GPU it ran on."""
+    measured = json.loads((data / "p1-batch.json").read_text())
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    sizes = [bound["batch"] for bound in measured["limit"]]
+    for (label, points), marker in zip(measured["curves"].items(), "os^"):
+        ax.plot(sizes, [p["tokens"] / p["seconds"] for p in points], marker=marker, label=label)
+    ax.plot(sizes, [bound["tokens_per_s"] for bound in measured["limit"]], color="black",
+            linestyle="--", linewidth=1, label=f"the limit ({measured['hardware']})")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("requests decoding at once")
+    ax.set_ylabel("generated tokens / s")
+    ax.set_title(f"{measured['machine']}: prompts of {measured['prompt_len']}, "
+                 f"{measured['new_tokens']} new tokens each", fontsize=9)  # fmt: skip
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    path = out / "p1-batch.svg"
+    save(fig, path)
+    return path
+
+
 # name -> the function that draws docs/figures/<name>.svg from a folder of measurements
 PLOTS = {"ch21-batch": plot_batch, "ch21-split": plot_split, "p1-profile": plot_profile}
 
