@@ -133,11 +133,13 @@ def rank_main(
     )  # fmt: skip
     try:
         io = Ranks(replace(cfg, tp_info=DistributedInfo(rank, 2)), torch.distributed.group.WORLD)
-        io.sync_all_ranks()
-        out.put((rank, -1, []))
-        for turn, blocking in enumerate(turns):
-            out.put((rank, turn, [msg.uid for msg in io.receive_msg(blocking=blocking)]))
-        io.stop_io()
+        try:
+            io.sync_all_ranks()
+            out.put((rank, -1, []))
+            for turn, blocking in enumerate(turns):
+                out.put((rank, turn, [msg.uid for msg in io.receive_msg(blocking=blocking)]))
+        finally:  # a failing receive too: rank 0's sockets leave files until they are closed
+            io.stop_io()
     finally:
         torch.distributed.destroy_process_group()
 
