@@ -5,6 +5,10 @@ engine before and after the project and beside the official one, and where the t
     python tools/bench_p1.py ab             # on an NVIDIA GPU: docs/data/p1-ab.md
     python tools/bench_p1.py side --official UPSTREAM/python [--official-site DIR]
                                             # this engine and the official one: p1-side.md
+    python tools/bench_p1.py options [--official UPSTREAM/python]
+                                            # without each of the project's kernels: p1-options.md
+    python tools/bench_p1.py batch [--official UPSTREAM/python]
+                                            # throughput against batch size: p1-batch.{md,json}
     python tools/bench_p1.py profile [--official UPSTREAM/python]
                                             # where the time goes, in both: p1-profile.md
     python tools/bench_p1.py attention      # the decode attention kernel alone
@@ -34,6 +38,16 @@ the limit.
 --official`: upstream's sources from a folder outside the repository), the same way:
 alternating, fresh processes, one uncounted run of each first. The table gives the ratio of
 the means, this engine's over the official one's: the project's bar is 1.10.
+
+**options.** This engine as it is, then with each of the project's kernels turned off by its
+environment variable (`OPTIONS`), then with all of them off, and the official engine if its
+sources are given: alternating as `side` runs them. The table adds each engine's mean time per
+forward step (the run's wall time over its prefill and decode steps, counted in the run) and
+the ratio of each mean to this engine's.
+
+**batch.** Decode throughput with b requests at once, b from 1 to 256: b prompts of 256
+random ids, 256 new tokens each (chapter 21's sweep), each engine timing every size `--rounds`
+times in one process (the best is kept), beside the limit of the same requests on this GPU.
 
 **profile.** Two more runs of each engine: one with torch.profiler recording the GPU's
 kernels (seconds of each part in the timed run), one with the scheduler's functions timed
@@ -323,10 +337,14 @@ def runs_table(
 
 
 def alternate(
-    engines: Dict[str, Callable[[], Dict]], rounds: int, warm: Sequence[str] | None = None
+    engines: Dict[str, Callable[[], Dict]],
+    rounds: int,
+    warm: Sequence[str] | None = None,
+    after_round: Callable[[Dict[str, List[Dict]]], None] | None = None,
 ) -> Dict[str, List[Dict]]:
     """Run each engine (or each of `warm`) once uncounted (it fills the kernel caches on
-    disk), then `rounds` times each, taking turns."""
+    disk), then `rounds` times each, taking turns; `after_round` sees the runs so far after
+    each round (a table written then survives a run cut short)."""
     for label, run in engines.items():
         if warm is None or label in warm:
             print(f"warm-up {label}: {run()}", flush=True)
@@ -335,6 +353,8 @@ def alternate(
         for label, run in engines.items():
             runs[label].append(run())
             print(f"round {round + 1} {label}: {runs[label][-1]}", flush=True)
+        if after_round is not None:
+            after_round(runs)
     return runs
 
 
@@ -408,15 +428,16 @@ def options(source: Path | None, site: Path | None, rounds: int, out: Path) -> N
     )
     if source is not None:
         runs["official mini-sglang"] = functools.partial(run_official_in_child, source, site)
-    measured = alternate(runs, rounds, warm=["this engine", "official mini-sglang"])
-    out.write_text(
-        runs_table(measured, workload_limit(this_gpu()), "", base="this engine")
-        + "\nOptions turned off by: "
-        + "; ".join(
-            f"{label}, {', '.join(f'`{k}={v}`' for k, v in env.items())}" for label, env in OPTIONS
-        )
-        + ".\n"
+    bound = workload_limit(this_gpu())
+    switches = "; ".join(
+        f"{label}, {', '.join(f'`{k}={v}`' for k, v in env.items())}" for label, env in OPTIONS
     )
+
+    def write(measured: Dict[str, List[Dict]]) -> None:
+        table = runs_table(measured, bound, "", base="this engine")
+        out.write_text(table + f"\nThe kernels turned off by: {switches}.\n")
+
+    alternate(runs, rounds, warm=["this engine", "official mini-sglang"], after_round=write)
     print(out.read_text())
 
 

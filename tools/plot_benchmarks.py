@@ -103,8 +103,25 @@ def plot_batch(data: Path, out: Path) -> Path:
 
 
 def plot_split(data: Path, out: Path) -> Path:
-    panels = load("split", data)
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    return split_panels(load("split", data), out / "ch21-split.svg")
+
+
+def plot_p1_split(data: Path, out: Path) -> Path:
+    """Chapter 21's split of a decode step on the GPU beside the same split of this engine
+    (`bench_ablation.py split`, saved as p1-split-gpu.json)."""
+    panels = []
+    for name, title in (("ch21-split-gpu.json", "chapter 21"), ("p1-split-gpu.json", "project P1")):
+        measured = json.loads((data / name).read_text())
+        panels.append((f"{title}, {measured['machine'].removeprefix('one ')}", measured))
+    return split_panels(panels, out / "p1-split.svg", shared_scale=True)
+
+
+def split_panels(
+    panels: List[Tuple[str, Dict[str, Any]]], path: Path, shared_scale: bool = False
+) -> Path:
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False, sharey=shared_scale
+    )
     for ax, (title, measured) in zip(axes[0], panels):
         rows = measured["rows"]
         labels = [str(r["batch"]) for r in rows]
@@ -120,7 +137,6 @@ def plot_split(data: Path, out: Path) -> Path:
         ax.set_title(f"{title}: one decode step, in parts", fontsize=9)
         ax.legend(fontsize=7, loc="upper left")
         ax.grid(True, axis="y", alpha=0.3)
-    path = out / "ch21-split.svg"
     save(fig, path)
     return path
 
