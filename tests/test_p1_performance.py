@@ -427,6 +427,8 @@ def test_the_batch_sweeps_limit_is_the_limit_of_each_sizes_requests() -> None:
     assert all(0 <= t <= 10000 for j in jobs for p in j["prompts"] for t in p)
     assert jobs[1]["new_tokens"] == [bench_p1.BATCH_NEW] * 4
     assert bench_p1.batch_jobs([4]) == jobs[1:]  # seeded by the size: the same prompts again
+    again = bench_p1.batch_jobs([4], round=1)[0]["prompts"]  # but not in the next round
+    assert not {tuple(p) for p in again} & {tuple(p) for p in jobs[1]["prompts"]}
     limits = bench_p1.batch_limits(bench_p1.H200)
     shape = bench_p1.Shape.from_config(QWEN3_0_6B)
     one = bench_p1.limit(shape, [bench_p1.BATCH_PROMPT], [bench_p1.BATCH_NEW], bench_p1.H200)

@@ -445,14 +445,15 @@ BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 BATCH_PROMPT, BATCH_NEW = 256, 256
 
 
-def batch_jobs(sizes: Sequence[int] = BATCH_SIZES) -> List[Dict[str, List]]:
-    """For each size b: b prompts of BATCH_PROMPT random ids below 10,000 (seeded by b), each
-    to generate BATCH_NEW tokens, as chapter 21's batch sweep makes them."""
+def batch_jobs(sizes: Sequence[int] = BATCH_SIZES, round: int = 0) -> List[Dict[str, List]]:
+    """For each size b: b prompts of BATCH_PROMPT random ids below 10,000, each to generate
+    BATCH_NEW tokens, as chapter 21's batch sweep makes them (seeded by b); a later `round`
+    draws other prompts, so that no engine finds them in its prefix cache."""
     import random
 
     jobs = []
     for b in sizes:
-        rng = random.Random(b)
+        rng = random.Random(b + 1_000_000 * round)
         prompts = [[rng.randint(0, 10000) for _ in range(BATCH_PROMPT)] for _ in range(b)]
         jobs.append(dict(prompts=prompts, new_tokens=[BATCH_NEW] * b))
     return jobs
@@ -477,7 +478,7 @@ def batch(source: Path | None, site: Path | None, repeat: int, out: Path) -> Non
 
     from tools.bench_gpu import run_in_child, run_official_in_child
 
-    jobs = batch_jobs() * repeat
+    jobs = [job for round in range(repeat) for job in batch_jobs(round=round)]
     runs: Dict[str, Callable[[], List[Dict]]] = {
         "this engine": functools.partial(run_in_child, "fi-graphs", jobs=jobs)
     }
