@@ -108,3 +108,22 @@ def test_the_profile_plot_is_drawn_from_the_measurements(tmp_path) -> None:
     limit = bench_p1.workload_limit().seconds
     assert f"the limit, {limit:.2f} s" in text
     assert "this engine" in text and "official mini-sglang" in text
+
+
+def test_the_h100_profile_and_the_batch_plot_take_their_gpus_limit(tmp_path) -> None:
+    """docs/figures/p1-profile-h100.svg and p1-batch.svg: drawn twice the same, each with the
+    limit of the GPU its measurements ran on (an H100), not the H200's."""
+    import xml.etree.ElementTree as ET
+
+    from tools import bench_p1, plot_benchmarks
+
+    data = bench_p1.ROOT / "docs" / "data"
+    for plot in (plot_benchmarks.plot_profile_h100, plot_benchmarks.plot_p1_batch):
+        first = plot(data, tmp_path).read_bytes()
+        assert plot(data, tmp_path).read_bytes() == first
+        assert ET.fromstring(first).tag.endswith("svg")
+        text = first.decode()
+        assert "H100" in text and "this engine" in text and "official mini-sglang" in text
+    limit = bench_p1.workload_limit(bench_p1.H100).seconds
+    assert f"the limit, {limit:.2f} s" in (tmp_path / "p1-profile-h100.svg").read_text()
+    assert "the limit (NVIDIA H100 SXM)" in (tmp_path / "p1-batch.svg").read_text()

@@ -1,7 +1,7 @@
 """Chapter 21's and project P1's plots, drawn with matplotlib from the measurements in
 docs/data:
 
-    python tools/plot_benchmarks.py    # docs/figures/ch21-batch.svg, ch21-split.svg, p1-profile.svg
+    python tools/plot_benchmarks.py    # docs/figures/ch21-*.svg and p1-*.svg
 
 (`mkdocs build` draws them too, like every figure: docs/figures/ is not committed.)
 
@@ -9,8 +9,11 @@ docs/data:
   (tools/bench_ablation.py batch), one panel per device that has measurements;
 * ch21-split.svg: a decode step's milliseconds split into parts, one bar per batch size
   (tools/bench_ablation.py split);
-* p1-profile.svg: each engine's GPU time over the whole offline workload, by part, with the
-  wall time of its run and the workload's physical limit (tools/bench_p1.py profile, limit).
+* p1-profile.svg, p1-profile-h100.svg: each engine's GPU time over the whole offline workload,
+  by part, with the wall time of its run and the workload's physical limit on that GPU
+  (tools/bench_p1.py profile, limit; the first on an H200, the second on an H100);
+* p1-batch.svg: output tokens per second against the requests decoding at once, both engines
+  and each size's limit (tools/bench_p1.py batch, its run on an H100).
 
 The SVG files are deterministic for given data: no date in their metadata, fixed element ids.
 """
@@ -103,25 +106,8 @@ def plot_batch(data: Path, out: Path) -> Path:
 
 
 def plot_split(data: Path, out: Path) -> Path:
-    return split_panels(load("split", data), out / "ch21-split.svg")
-
-
-def plot_p1_split(data: Path, out: Path) -> Path:
-    """Chapter 21's split of a decode step on the GPU beside the same split of this engine
-    (`bench_ablation.py split`, saved as p1-split-gpu.json)."""
-    panels = []
-    for name, title in (("ch21-split-gpu.json", "chapter 21"), ("p1-split-gpu.json", "project P1")):
-        measured = json.loads((data / name).read_text())
-        panels.append((f"{title}, {measured['machine'].removeprefix('one ')}", measured))
-    return split_panels(panels, out / "p1-split.svg", shared_scale=True)
-
-
-def split_panels(
-    panels: List[Tuple[str, Dict[str, Any]]], path: Path, shared_scale: bool = False
-) -> Path:
-    fig, axes = plt.subplots(
-        1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False, sharey=shared_scale
-    )
+    panels = load("split", data)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
     for ax, (title, measured) in zip(axes[0], panels):
         rows = measured["rows"]
         labels = [str(r["batch"]) for r in rows]
@@ -137,14 +123,26 @@ def split_panels(
         ax.set_title(f"{title}: one decode step, in parts", fontsize=9)
         ax.legend(fontsize=7, loc="upper left")
         ax.grid(True, axis="y", alpha=0.3)
+    path = out / "ch21-split.svg"
     save(fig, path)
     return path
 
 
 def plot_profile(data: Path, out: Path) -> Path:
-    from tools.bench_p1 import gpu_parts, workload_limit
+    return profile_bars(data / "p1-profile.json", out / "p1-profile.svg")
 
-    results = json.loads((data / "p1-profile.json").read_text())
+
+def plot_profile_h100(data: Path, out: Path) -> Path:
+    return profile_bars(data / "p1-profile-h100.json", out / "p1-profile-h100.svg")
+
+
+def profile_bars(results_file: Path, path: Path) -> Path:
+    """Each engine's GPU time by part (`bench_p1.py profile`'s results), its run's wall time,
+    and the limit of the GPU the profile ran on."""
+    from tools.bench_p1 import H100, H200, gpu_parts, workload_limit
+
+    results = json.loads(results_file.read_text())
+    machine = next(iter(results.values()))["machine"]
     parts = gpu_parts(results)
     unknown = {p for by_part in parts.values() for p in by_part} - set(PART_ORDER)
     assert not unknown, f"parts without a colour: {unknown}"
@@ -160,23 +158,22 @@ def plot_profile(data: Path, out: Path) -> Path:
     walls = [results[label]["host"]["seconds"] for label in labels]
     ax.scatter(walls, labels, marker="|", s=600, color="black", zorder=3,
                label="wall time of the run")  # fmt: skip
-    limit = workload_limit().seconds
+    limit = workload_limit(H100 if "H100" in machine else H200).seconds
     ax.axvline(limit, color="black", linestyle="--", linewidth=1,
                label=f"the limit, {limit:.2f} s")  # fmt: skip
     ax.set_xlim(0, max(walls) * 1.05)
     ax.invert_yaxis()  # the first engine on top, as in the table
-    ax.set_xlabel("seconds of the timed run: GPU time by part")
+    ax.set_xlabel(f"seconds of the timed run: GPU time by part ({machine.removeprefix('One ')})")
     ax.grid(True, axis="x", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), markerscale=0.5)
-    path = out / "p1-profile.svg"
     save(fig, path)
     return path
 
 
 def plot_p1_batch(data: Path, out: Path) -> Path:
     """Output tokens per second against the requests decoding at once, each engine of
-    `bench_p1.py batch` and the limit of each size on the GPU it ran on."""
-    measured = json.loads((data / "p1-batch.json").read_text())
+    `bench_p1.py batch` (its run on an H100) and the limit of each size on that GPU."""
+    measured = json.loads((data / "p1-batch-h100.json").read_text())
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     sizes = [bound["batch"] for bound in measured["limit"]]
     for (label, points), marker in zip(measured["curves"].items(), "os^"):
@@ -200,7 +197,13 @@ def plot_p1_batch(data: Path, out: Path) -> Path:
 
 
 # name -> the function that draws docs/figures/<name>.svg from a folder of measurements
-PLOTS = {"ch21-batch": plot_batch, "ch21-split": plot_split, "p1-profile": plot_profile}
+PLOTS = {
+    "ch21-batch": plot_batch,
+    "ch21-split": plot_split,
+    "p1-profile": plot_profile,
+    "p1-profile-h100": plot_profile_h100,
+    "p1-batch": plot_p1_batch,
+}
 
 
 def main() -> int:
