@@ -89,20 +89,26 @@ def plot_batch(data: Path, out: Path) -> Path:
             rates = [p["tokens"] / p["seconds"] for p in points]
             ax.plot(sizes, rates, marker=marker, label=name)
         first = next(iter(measured["curves"].values()))
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(sizes, [str(s) for s in sizes])
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel("requests decoding at once")
-        ax.set_ylabel("generated tokens / s")
-        ax.set_title(f"{title}: prompts of {first['prompt_len']}, "
-                     f"{first['new_tokens']} new tokens each", fontsize=9)  # fmt: skip
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        batch_axes(ax, sizes, f"{title}: prompts of {first['prompt_len']}, "
+                              f"{first['new_tokens']} new tokens each")  # fmt: skip
     path = out / "ch21-batch.svg"
     save(fig, path)
     return path
+
+
+def batch_axes(ax: Any, sizes: List[int], title: str) -> None:
+    """The axes of a throughput-against-batch-size plot: both scales logarithmic, every size
+    a tick, tokens per second written out."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("requests decoding at once")
+    ax.set_ylabel("generated tokens / s")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def plot_split(data: Path, out: Path) -> Path:
@@ -180,17 +186,8 @@ def plot_p1_batch(data: Path, out: Path) -> Path:
         ax.plot(sizes, [p["tokens"] / p["seconds"] for p in points], marker=marker, label=label)
     ax.plot(sizes, [bound["tokens_per_s"] for bound in measured["limit"]], color="black",
             linestyle="--", linewidth=1, label=f"the limit ({measured['hardware']})")  # fmt: skip
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xticks(sizes, [str(s) for s in sizes])
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("requests decoding at once")
-    ax.set_ylabel("generated tokens / s")
-    ax.set_title(f"{measured['machine']}: prompts of {measured['prompt_len']}, "
-                 f"{measured['new_tokens']} new tokens each", fontsize=9)  # fmt: skip
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    batch_axes(ax, sizes, f"{measured['machine']}: prompts of {measured['prompt_len']}, "
+                          f"{measured['new_tokens']} new tokens each")  # fmt: skip
     path = out / "p1-batch.svg"
     save(fig, path)
     return path
