@@ -706,3 +706,31 @@ def test_the_decode_kernel_reads_one_index_per_load_only_with_the_engines_pages(
         clear_global_ctx()
     assert settings["page_size"] == expected and "page_runs" not in settings
     assert settings["block_n"] == 64 and settings["splits"] == 8
+
+
+def test_options_runs_the_engine_without_each_kernel_and_without_all(tmp_path) -> None:
+    """`bench_p1.py options`: one run per kernel switched off, one with all off, the official
+    engine last; only this engine and the official one get an uncounted run."""
+    calls: List[Any] = []
+
+    def ours(name: str, profile: Any = None, env: Any = None) -> Dict:
+        calls.append(env)
+        return dict(seconds=1.0, tokens=1000, prefill_steps=1, decode_steps=9)
+
+    def official(source: Any, site: Any, profile: Any = None) -> Dict:
+        calls.append("official")
+        return dict(seconds=1.0, tokens=1000, prefill_steps=1, decode_steps=9)
+
+    out = tmp_path / "options.md"
+    with (
+        mock.patch("tools.bench_gpu.run_in_child", ours),
+        mock.patch("tools.bench_gpu.run_official_in_child", official),
+        mock.patch("torch.cuda.get_device_name", lambda: "a GPU"),
+    ):
+        bench_p1.options(Path("upstream"), None, 1, out)
+    switches = [env for _, env in bench_p1.OPTIONS]
+    everything = {k: v for env in switches for k, v in env.items()}
+    assert calls == [None, "official", None, *switches, everything, "official"]
+    table = out.read_text()
+    assert "| this engine, without all three |" in table and "Ratios to this engine:" in table
+    assert "`MINISGL_TRITON_DECODE=0`" in table

@@ -196,9 +196,6 @@ class StepCounter:
 
         Engine.forward_batch = counted  # type: ignore[method-assign]
 
-    def reset(self) -> None:
-        self.prefill = self.decode = 0
-
 
 OTHER_ROWS = {
     "official": "the official mini-sglang (FlashInfer, CUDA graphs, overlap on)",

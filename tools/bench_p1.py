@@ -414,20 +414,13 @@ def options(source: Path | None, site: Path | None, rounds: int, out: Path) -> N
     then (given its sources) the official engine: alternating as `side` does. Only this
     engine and the official one get an uncounted run: the variants run kernels that this
     engine's uncounted run compiled, or FlashInfer's, which the kit's cache holds."""
-    from tools.bench_gpu import run_in_child, run_official_in_child
 
-    runs: Dict[str, Callable[[], Dict]] = {
-        "this engine": functools.partial(run_in_child, "fi-graphs")
-    }
-    everything: Dict[str, str] = {}
-    for label, env in OPTIONS:
-        runs[f"this engine, {label}"] = functools.partial(run_in_child, "fi-graphs", env=env)
-        everything.update(env)
-    runs["this engine, without all three"] = functools.partial(
-        run_in_child, "fi-graphs", env=everything
-    )
-    if source is not None:
-        runs["official mini-sglang"] = functools.partial(run_official_in_child, source, site)
+    def variant(label: str, env: Dict[str, str]) -> str:  # as `side --variant` takes them
+        return f"{label}:" + ",".join(f"{k}={v}" for k, v in env.items())
+
+    everything = {k: v for _, env in OPTIONS for k, v in env.items()}
+    variants = [variant(label, env) for label, env in OPTIONS]
+    runs = engines(source, site, variants + [variant("without all three", everything)])
     bound = workload_limit(this_gpu())
     switches = "; ".join(
         f"{label}, {', '.join(f'`{k}={v}`' for k, v in env.items())}" for label, env in OPTIONS
