@@ -112,6 +112,7 @@ class Engine:
             max_seq_len=aligned_max_seq_len,
             vocab_size=config.model_config.vocab_size,
             dummy_req=self.dummy_req,
+            logits_dtype=self.dtype,
         )
         logger.info_rank0(f"free memory after initialisation: {mem_GB(self._free_memory())}")
 
