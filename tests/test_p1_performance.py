@@ -483,6 +483,34 @@ def test_timed_jobs_counts_each_jobs_tokens_and_the_steps_are_counted(
     assert (steps.prefill, steps.decode) == (2, 5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_sampler_gets_the_models_dtype_from_graphs_and_eager_steps(
+    model_path, dtype: torch.dtype
+) -> None:
+    """The graphs' logits buffer has the model's dtype: a bfloat16 model's graphs hand the
+    sampler bfloat16 logits, as its eager steps do, not a float32 copy of twice the bytes."""
+    from minisgl.llm import LLM
+
+    seen: List[Any] = []
+    with LLM(str(model_path("tiny-qwen3")), dtype=dtype, attention_backend="torch", page_size=4,
+             num_page_override=64, max_running_req=4, cuda_graph_bs=[1, 2]) as llm:  # fmt: skip
+        runner = llm.engine.graph_runner
+        assert runner.buffer.logits.dtype == dtype
+        sampler_sample, replay = llm.engine.sampler.sample, runner.replay
+
+        def sample_recording(logits: torch.Tensor, args: Any) -> torch.Tensor:
+            seen.append((len(graphs), logits.dtype))
+            return sampler_sample(logits, args)
+
+        graphs: List[int] = []
+        llm.engine.sampler.sample = sample_recording  # type: ignore[method-assign]
+        runner.replay = lambda batch: graphs.append(batch.size) or replay(batch)  # type: ignore
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        llm.generate([[5, 6, 7], [8, 9]], [params, params])
+    assert graphs == [2, 2, 2]  # one prefill step, then 3 decode steps through the graph of 2
+    assert [d for _, d in seen] == [dtype] * 4
+
+
 # ------------------------------------------------- q/k norms and RoPE in one Triton kernel
 def _qkv_case(dtype: torch.dtype, seed: int = 0):
     """A qkv output of 7 tokens (6 query heads, 3 key/value heads of 32: head counts that are
@@ -734,3 +762,32 @@ def test_options_runs_the_engine_without_each_kernel_and_without_all(tmp_path) -
     table = out.read_text()
     assert "| this engine, without all three |" in table and "Ratios to this engine:" in table
     assert "`MINISGL_TRITON_DECODE=0`" in table
+
+
+def test_ab_with_files_changes_only_those_files_of_the_after_tree(tmp_path) -> None:
+    """`bench_p1.py ab --files`: P1's tree against a copy in which only the named files are
+    chapter 22's; every other file stays P1's."""
+    seen: Dict[str, Dict[str, str]] = {}
+
+    def build_tree(chapter: str, out: Path) -> Path:
+        for name in ("minisgl/engine/graph.py", "minisgl/core.py"):
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_text(f"{name} of {chapter}")
+        return out
+
+    def run_tree(tree: Path) -> Dict:
+        files = sorted(tree.rglob("*.py"))
+        seen[tree.name] = {str(f.relative_to(tree)): f.read_text() for f in files}
+        return dict(seconds=1.0, tokens=1000, prefill_steps=1, decode_steps=9)
+
+    out = tmp_path / "ab.md"
+    with (
+        mock.patch.object(bench_p1, "build_tree", build_tree),
+        mock.patch.object(bench_p1, "run_tree", run_tree),
+        mock.patch("torch.cuda.get_device_name", lambda: "a GPU"),
+    ):
+        bench_p1.ab("22", "P1", 1, out, ["minisgl/engine/graph.py"])
+    core, graph = "minisgl/core.py", "minisgl/engine/graph.py"
+    assert seen["P1"] == {core: f"{core} of P1", graph: f"{graph} of P1"}
+    assert seen["mixed"] == {core: f"{core} of P1", graph: f"{graph} of 22"}
+    assert "| project P1, minisgl/engine/graph.py of chapter 22 |" in out.read_text()

@@ -2,7 +2,8 @@
 engine before and after the project and beside the official one, and where the time goes.
 
     python tools/bench_p1.py limit          # the roofline of the workload (any machine)
-    python tools/bench_p1.py ab             # on an NVIDIA GPU: docs/data/p1-ab.md
+    python tools/bench_p1.py ab [--files F,...]
+                                            # on an NVIDIA GPU: docs/data/p1-ab.md
     python tools/bench_p1.py side --official UPSTREAM/python [--official-site DIR]
                                             # this engine and the official one: p1-side.md
     python tools/bench_p1.py options [--official UPSTREAM/python]
@@ -32,7 +33,8 @@ the project, and P1's) and runs upstream's offline benchmark in each (`tools/ben
 full configuration: FlashInfer, CUDA graphs, overlap, custom kernels), alternating, each run a
 fresh process, after one run of each that is not counted (it fills the kernel caches). The
 table gives every run, the means, the spread and the ratio, and each mean as a fraction of
-the limit.
+the limit. With `--files`, one change at a time: P1's tree against a copy of it in which only
+those files are chapter 22's.
 
 **side.** This checkout's engine and the official mini-sglang (`tools/bench_gpu.py
 --official`: upstream's sources from a folder outside the repository), the same way:
@@ -358,13 +360,21 @@ def alternate(
     return runs
 
 
-def ab(before: str, after: str, rounds: int, out: Path) -> None:
+def ab(before: str, after: str, rounds: int, out: Path, files: List[str] | None = None) -> None:
+    """Chapter `before`'s tree against chapter `after`'s; given `files`, `after`'s tree
+    against itself with only those files as `before` has them (one change of the project)."""
     work = Path(tempfile.mkdtemp(prefix="minisgl-p1-ab-"))
     try:
-        trees = {
-            f"project {after}": build_tree(after, work / after),
-            f"chapter {before}": build_tree(before, work / before),
-        }
+        trees = {f"project {after}": build_tree(after, work / after)}
+        if files:
+            old = build_tree(before, work / before)
+            mixed = work / "mixed"
+            shutil.copytree(trees[f"project {after}"], mixed)
+            for name in files:
+                shutil.copy(old / name, mixed / name)
+            trees[f"project {after}, {', '.join(files)} of chapter {before}"] = mixed
+        else:
+            trees[f"chapter {before}"] = build_tree(before, work / before)
         runs = alternate(
             {k: functools.partial(run_tree, tree) for k, tree in trees.items()}, rounds
         )
@@ -1286,6 +1296,7 @@ def main() -> None:
     )
     parser.add_argument("--before", default="22", help="the chapter before the project")
     parser.add_argument("--after", default="P1")
+    parser.add_argument("--files", help="ab: only these files (comma-separated) from --before")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--official", type=Path, help="a folder holding upstream's minisgl")
     parser.add_argument("--official-site", type=Path, help="packages first on upstream's path")
@@ -1305,7 +1316,8 @@ def main() -> None:
     if args.what == "limit":
         show_limit(workload_limit())
     elif args.what == "ab":
-        ab(args.before, args.after, args.rounds, args.out or OUT)
+        files = args.files.split(",") if args.files else None
+        ab(args.before, args.after, args.rounds, args.out or OUT, files)
     elif args.what == "side":
         if args.official is None:
             parser.error("side needs --official: a folder holding upstream's minisgl package")
