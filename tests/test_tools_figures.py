@@ -127,3 +127,20 @@ def test_the_h100_profile_and_the_batch_plot_take_their_gpus_limit(tmp_path) -> 
     limit = bench_p1.workload_limit(bench_p1.H100).seconds
     assert f"the limit, {limit:.2f} s" in (tmp_path / "p1-profile-h100.svg").read_text()
     assert "the limit (NVIDIA H100 SXM)" in (tmp_path / "p1-batch.svg").read_text()
+
+
+def test_the_split_before_and_after_the_project_names_both_gpus(tmp_path) -> None:
+    """docs/figures/p1-split.svg: drawn twice the same; a panel for chapter 21's engine and one
+    for P1's, each titled with the GPU it ran on, every batch size of both as a bar."""
+    import xml.etree.ElementTree as ET
+
+    from tools import bench_p1, plot_benchmarks
+
+    data = bench_p1.ROOT / "docs" / "data"
+    first = plot_benchmarks.plot_p1_split(data, tmp_path).read_bytes()
+    assert plot_benchmarks.plot_p1_split(data, tmp_path).read_bytes() == first
+    assert ET.fromstring(first).tag.endswith("svg")
+    text = first.decode()
+    assert "before: chapter 21's engine (NVIDIA H200)" in text
+    assert "after: P1's engine (NVIDIA H100 80GB HBM3)" in text
+    assert "host (GPU idle)" in text and "attention" in text

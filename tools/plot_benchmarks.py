@@ -13,7 +13,9 @@ docs/data:
   by part, with the wall time of its run and the workload's physical limit on that GPU
   (tools/bench_p1.py profile, limit; the first on an H200, the second on an H100);
 * p1-batch.svg: output tokens per second against the requests decoding at once, both engines
-  and each size's limit (tools/bench_p1.py batch, its run on an H100).
+  and each size's limit (tools/bench_p1.py batch, its run on an H100);
+* p1-split.svg: a decode step in parts, one bar per batch size, before the project (chapter
+  21's split) and after it (tools/bench_ablation.py split with P1's engine, on an H100).
 
 The SVG files are deterministic for given data: no date in their metadata, fixed element ids.
 """
@@ -115,23 +117,42 @@ def plot_split(data: Path, out: Path) -> Path:
     panels = load("split", data)
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
     for ax, (title, measured) in zip(axes[0], panels):
-        rows = measured["rows"]
-        labels = [str(r["batch"]) for r in rows]
-        bottoms = [0.0] * len(rows)
-        for part, colour in zip(PART_ORDER, COLOURS):
-            heights = [r["parts"].get(part, 0.0) for r in rows]
-            if not any(heights):
-                continue
-            ax.bar(labels, heights, bottom=bottoms, label=part, color=colour)
-            bottoms = [b + h for b, h in zip(bottoms, heights)]
-        ax.set_xlabel("requests in the decode batch")
-        ax.set_ylabel("milliseconds per decode step")
-        ax.set_title(f"{title}: one decode step, in parts", fontsize=9)
-        ax.legend(fontsize=7, loc="upper left")
-        ax.grid(True, axis="y", alpha=0.3)
+        split_bars(ax, measured["rows"], f"{title}: one decode step, in parts")
     path = out / "ch21-split.svg"
     save(fig, path)
     return path
+
+
+def plot_p1_split(data: Path, out: Path) -> Path:
+    """A decode step in parts before the project (chapter 21's engine, its GPU run) and after
+    it (`bench_ablation.py split` with the engine of P1), on one scale of milliseconds."""
+    panels = [("before: chapter 21's engine", data / "ch21-split-gpu.json"),
+              ("after: P1's engine", data / "p1-split-h100.json")]  # fmt: skip
+    fig, axes = plt.subplots(1, 2, figsize=(10.4, 3.8), sharey=True)
+    for ax, (title, path) in zip(axes, panels):
+        measured = json.loads(path.read_text())
+        machine = measured["machine"].removeprefix("one ").split(",")[0]
+        split_bars(ax, measured["rows"], f"{title} ({machine})")
+    path = out / "p1-split.svg"
+    save(fig, path)
+    return path
+
+
+def split_bars(ax: Any, rows: List[Dict[str, Any]], title: str) -> None:
+    """One stacked bar per batch size: the milliseconds of a decode step, by part."""
+    labels = [str(r["batch"]) for r in rows]
+    bottoms = [0.0] * len(rows)
+    for part, colour in zip(PART_ORDER, COLOURS):
+        heights = [r["parts"].get(part, 0.0) for r in rows]
+        if not any(heights):
+            continue
+        ax.bar(labels, heights, bottom=bottoms, label=part, color=colour)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_xlabel("requests in the decode batch")
+    ax.set_ylabel("milliseconds per decode step")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(True, axis="y", alpha=0.3)
 
 
 def plot_profile(data: Path, out: Path) -> Path:
@@ -200,6 +221,7 @@ PLOTS = {
     "p1-profile": plot_profile,
     "p1-profile-h100": plot_profile_h100,
     "p1-batch": plot_p1_batch,
+    "p1-split": plot_p1_split,
 }
 
 
