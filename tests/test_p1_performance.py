@@ -491,24 +491,21 @@ def test_the_sampler_gets_the_models_dtype_from_graphs_and_eager_steps(
     sampler bfloat16 logits, as its eager steps do, not a float32 copy of twice the bytes."""
     from minisgl.llm import LLM
 
-    seen: List[Any] = []
+    seen: List[torch.dtype] = []  # the dtype of every step's logits, as the sampler gets them
+    graphs: List[int] = []  # the batch size of every replay
     with LLM(str(model_path("tiny-qwen3")), dtype=dtype, attention_backend="torch", page_size=4,
              num_page_override=64, max_running_req=4, cuda_graph_bs=[1, 2]) as llm:  # fmt: skip
         runner = llm.engine.graph_runner
         assert runner.buffer.logits.dtype == dtype
-        sampler_sample, replay = llm.engine.sampler.sample, runner.replay
-
-        def sample_recording(logits: torch.Tensor, args: Any) -> torch.Tensor:
-            seen.append((len(graphs), logits.dtype))
-            return sampler_sample(logits, args)
-
-        graphs: List[int] = []
-        llm.engine.sampler.sample = sample_recording  # type: ignore[method-assign]
+        sample, replay = llm.engine.sampler.sample, runner.replay
+        llm.engine.sampler.sample = lambda logits, args: (
+            seen.append(logits.dtype) or sample(logits, args)
+        )  # type: ignore[method-assign]
         runner.replay = lambda batch: graphs.append(batch.size) or replay(batch)  # type: ignore
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
         llm.generate([[5, 6, 7], [8, 9]], [params, params])
     assert graphs == [2, 2, 2]  # one prefill step, then 3 decode steps through the graph of 2
-    assert [d for _, d in seen] == [dtype] * 4
+    assert seen == [dtype] * 4
 
 
 # ------------------------------------------------- q/k norms and RoPE in one Triton kernel
