@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 from unittest import mock
 
 import pytest
@@ -635,20 +635,21 @@ def test_the_side_table_compares_every_engine_with_the_last() -> None:
 
 
 @pytest.mark.parametrize(
-    "merge_here, equal, page_size, tma",
+    "merge_here, equal, page_size, tma, float32_parts",
     [
-        (True, False, 1, False),
-        (False, False, 1, False),
-        (True, True, 1, False),
-        (False, False, 32, False),
-        (True, True, 32, False),
-        (False, False, 32, True),
-        (True, True, 32, True),
+        (True, False, 1, False, False),
+        (False, False, 1, False, False),
+        (False, False, 1, False, True),
+        (True, True, 1, False, True),
+        (False, False, 32, False, False),
+        (True, True, 32, False, False),
+        (False, False, 32, True, False),
+        (True, True, 32, True, False),
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
-    dtype, merge_here, equal, page_size, tma
+    monkeypatch, dtype, merge_here, equal, page_size, tma, float32_parts
 ) -> None:
     """The Triton decode kernel (chunks of at least 16 keys, at most 4 per request and head,
     merged by the last piece to finish or by a second kernel; pieces of equal size or a
@@ -657,8 +658,10 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
     chunk, and more keys than 4 chunks hold (longer pieces); two query heads per key/value
     head. Keys at scattered slots, or in whole pages of 32 slots taken in a random order (the
     kernel then reads one index per 16 keys, and with TMA whole tiles; the cache's unused
-    slots hold NaN, which must not reach the output). The counters of finished pieces end at
-    zero."""
+    slots hold NaN, which must not reach the output). The pieces' results are kept in the
+    output's dtype or in float32. The kernel's new buffers start as NaN, so an output row left
+    unwritten, or a merge that reads a piece never written (requests of one piece write their
+    output and skip the merge), would show. The counters of finished pieces end at zero."""
     from minisgl.kernel.triton import decode_attention
     from minisgl.kernel.triton.decode_attention import decode_attention_triton
 
@@ -680,10 +683,21 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
     indptr = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
     unused[indices.long()] = False
     k[unused], v[unused] = float("nan"), float("nan")
+
+    def nan_filled(make: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def make_nan(*args: Any, **kwargs: Any) -> torch.Tensor:
+            made = make(*args, **kwargs)
+            return made.fill_(float("nan")) if made.is_floating_point() else made
+
+        return make_nan
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", nan_filled(torch.Tensor.new_empty))
+    monkeypatch.setattr(torch, "empty_like", nan_filled(torch.empty_like))
     out = decode_attention_triton(
         q, k, v, indptr, indices, splits=4, chunk=16, block_n=16, merge_here=merge_here,
-        equal=equal, page_size=page_size, tma=tma,
+        equal=equal, page_size=page_size, tma=tma, float32_parts=float32_parts,
     )  # fmt: skip
+    monkeypatch.undo()
     assert not decode_attention._COUNTERS[q.device].any()
     for r in range(len(lengths)):
         slots = indices[indptr[r] : indptr[r + 1]].long()

@@ -15,7 +15,7 @@ engine before and after the project and beside the official one, and where the t
     python tools/bench_p1.py attention      # the decode attention kernel alone
     python tools/bench_p1.py attention-run  # ... at the shapes of the run's decode steps
     python tools/bench_p1.py norms-rope     # the fused q/k norms and RoPE against FlashInfer
-    python tools/bench_p1.py decode-kernels [--set options|settings|tma]
+    python tools/bench_p1.py decode-kernels [--set options|settings|tma|parts]
                                             # the book's decode kernel against FlashInfer's
     python tools/bench_p1.py sampler        # the Gumbel-max sampler against FlashInfer's
     python tools/bench_p1.py matmuls        # the decode steps' matrix products, cuBLAS(Lt)
@@ -120,6 +120,7 @@ DECODE_KERNELS_OUT = {
     "options": ROOT / "docs" / "data" / "p1-decode-options.md",
     "settings": ROOT / "docs" / "data" / "p1-decode-settings.md",
     "tma": ROOT / "docs" / "data" / "p1-decode-tma.md",
+    "parts": ROOT / "docs" / "data" / "p1-decode-parts.md",
 }
 NORMS_ROPE_OUT = ROOT / "docs" / "data" / "p1-norms-rope.md"
 SAMPLER_OUT = ROOT / "docs" / "data" / "p1-sampler.md"
@@ -1041,6 +1042,22 @@ DECODE_KERNEL_SETS = {
         "unless the label says otherwise; TMA: each load of keys or values is one bulk copy of "
         "a tile of the cache (Hopper's tensor memory accelerator) instead of the threads' own "
         "loads",
+    ),
+    # the pieces' results for the merge in bfloat16 or float32 (docs/data/p1-decode-parts.md)
+    "parts": DecodeKernels(
+        {
+            "page runs (the engine's)": PAGE_RUNS,
+            "float32 pieces": dict(PAGE_RUNS, float32_parts=True),
+            "merged in the kernel": dict(PAGE_RUNS, merge_here=True),
+            "float32 pieces, merged in the kernel": dict(
+                PAGE_RUNS, float32_parts=True, merge_here=True
+            ),
+        },
+        "Triton: each request's keys in at most 8 pieces per key/value head of at least 256 keys, "
+        "64 loaded at a time, 4 warps, 3 stages, one index per 64 keys (page runs); each piece "
+        "writes its result in bfloat16 for a second kernel to merge, unless the label says "
+        "otherwise; a request of one piece writes its output itself; float32 pieces: the "
+        "results in float32; merged in the kernel: the last piece of a request to finish merges",
     ),
 }
 

@@ -10,12 +10,15 @@ Here a request's keys are cut into pieces of at least CHUNK keys, at most SPLITS
 longer request gets longer pieces), and each (request, key/value head, piece) is one program:
 the GPU's scheduler fills the SMs with many short programs instead of a few long ones. A
 program keeps the running maximum of the scores, the running sum of their exponentials and the
-weighted sum of the values (the online softmax), and writes its result with its log-sum-exp.
-The pieces of a request are then merged, each weighed by exp(its lse - the largest), which is
-what one softmax over the whole row gives: by a second kernel, or (merge_here) by the piece
-that finishes last, which an atomic counter per (request, head) tells. The grid is (requests,
-key/value heads, SPLITS) whatever the lengths, so a CUDA graph can replay it; programs past a
-request's last piece return at once. On a CPU it runs under ``TRITON_INTERPRET=1`` (the tests).
+weighted sum of the values (the online softmax), and writes its result with its log-sum-exp,
+the result in the output's dtype (as FlashInfer's split kernels keep theirs) unless
+float32_parts. The pieces of a request are then merged, each weighed by exp(its lse - the
+largest), which is what one softmax over the whole row gives: by a second kernel, or
+(merge_here) by the piece that finishes last, which an atomic counter per (request, head)
+tells. A request of one piece has nothing to merge: its program writes the output itself.
+The grid is (requests, key/value heads, SPLITS) whatever the lengths, so a CUDA graph can
+replay it; programs past a request's last piece return at once. On a CPU it runs under
+``TRITON_INTERPRET=1`` (the tests).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def _decode_piece_kernel(
     v_ptr,  # the same for the values
     indptr_ptr,  # [batch + 1]: request r's keys are indices[indptr[r]:indptr[r + 1]]
     indices_ptr,  # the key/value slot of each key
-    part_o_ptr,  # [batch, q_heads, SPLITS, head_dim] float32: each piece's result
+    part_o_ptr,  # [batch, q_heads, SPLITS, head_dim], float32 or the output's dtype
     part_lse_ptr,  # [batch, q_heads, SPLITS] float32: its log-sum-exp, base 2
     out_ptr,  # [batch, q_heads, head_dim]: written here when MERGE_HERE
     counter_ptr,  # [batch * kv_heads] int32, zeros: pieces finished (MERGE_HERE)
@@ -137,14 +140,14 @@ def _decode_piece_kernel(
         pieces = tl.cdiv(end - first, size)
         row = (request * (GROUP * tl.num_programs(1)) + heads) * SPLITS + split
         out = out_ptr + request * out_stride_r + heads[:, None] * out_stride_h + dims[None, :]
-        if MERGE_HERE and pieces == 1:  # the whole request: nothing to merge
+        if pieces == 1:  # the whole request: nothing to merge
             tl.store(
                 out, (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=head_mask[:, None]
             )
         else:
             tl.store(
                 part_o_ptr + row[:, None] * HEAD_DIM + dims[None, :],
-                acc / total[:, None],
+                (acc / total[:, None]).to(part_o_ptr.dtype.element_ty),
                 mask=head_mask[:, None],
             )
             tl.store(part_lse_ptr + row, best + tl.log2(total), mask=head_mask)
@@ -178,7 +181,7 @@ def _merge_pieces(
         o = tl.load(
             part_o_ptr + (rows + piece)[:, None] * HEAD_DIM + dims[None, :],
             mask=head_mask[:, None], other=0.0, cache_modifier=".cg",
-        )  # fmt: skip
+        ).to(tl.float32)  # fmt: skip
         new_best = tl.maximum(best, lse)
         shrink = tl.exp2(best - new_best)
         weight = tl.exp2(lse - new_best)
@@ -206,20 +209,24 @@ def _decode_merge_kernel(
     request = tl.program_id(0)
     head = tl.program_id(1)
     length = tl.load(indptr_ptr + request + 1) - tl.load(indptr_ptr + request)
-    chunks = tl.arange(0, BLOCK_S)
-    chunk_mask = chunks < tl.cdiv(length, _piece(length, CHUNK, BLOCK_N, SPLITS, EQUAL))
-    row = (request * tl.num_programs(1) + head) * SPLITS + chunks
-    lse = tl.load(part_lse_ptr + row, mask=chunk_mask, other=float("-inf"))
-    best = tl.maximum(tl.max(lse, 0), -1e30)  # a request without keys gets zeros, not NaN
-    weights = tl.exp2(lse - best)
-    weights = weights / tl.maximum(tl.sum(weights, 0), 1e-30)
-    dims = tl.arange(0, HEAD_DIM)
-    o = tl.load(
-        part_o_ptr + row[:, None] * HEAD_DIM + dims[None, :], mask=chunk_mask[:, None], other=0.0
-    )
-    merged = tl.sum(o * weights[:, None], 0)
-    out = out_ptr + request * out_stride_r + head * out_stride_h + dims
-    tl.store(out, merged.to(out_ptr.dtype.element_ty))
+    pieces = tl.cdiv(length, _piece(length, CHUNK, BLOCK_N, SPLITS, EQUAL))
+    if pieces != 1:  # one piece has written the output itself
+        chunks = tl.arange(0, BLOCK_S)
+        chunk_mask = chunks < pieces
+        row = (request * tl.num_programs(1) + head) * SPLITS + chunks
+        lse = tl.load(part_lse_ptr + row, mask=chunk_mask, other=float("-inf"))
+        best = tl.maximum(tl.max(lse, 0), -1e30)  # a request without keys gets zeros, not NaN
+        weights = tl.exp2(lse - best)
+        weights = weights / tl.maximum(tl.sum(weights, 0), 1e-30)
+        dims = tl.arange(0, HEAD_DIM)
+        o = tl.load(
+            part_o_ptr + row[:, None] * HEAD_DIM + dims[None, :],
+            mask=chunk_mask[:, None],
+            other=0.0,
+        ).to(tl.float32)
+        merged = tl.sum(o * weights[:, None], 0)
+        out = out_ptr + request * out_stride_r + head * out_stride_h + dims
+        tl.store(out, merged.to(out_ptr.dtype.element_ty))
 
 
 _COUNTERS: Dict[torch.device, torch.Tensor] = {}
@@ -257,6 +264,7 @@ def decode_attention_triton(
     equal: bool = False,
     page_size: int = 1,
     tma: bool = False,
+    float32_parts: bool = False,
 ) -> torch.Tensor:
     """One decode step's attention: q [batch, q_heads, head_dim], the caches [slots, kv_heads,
     head_dim], request r's keys at slots indices[indptr[r]:indptr[r + 1]]. Each request's keys
@@ -265,6 +273,7 @@ def decode_attention_triton(
     kernel. `page_size`: each request's keys fill whole pages of that many consecutive slots,
     first to last; where `block_n` divides it, each load of keys takes one index, and `tma`
     loads the keys and values by the GPU's bulk copies (Hopper's TMA) instead of the threads.
+    The pieces' results are kept in q's dtype for the merge, or in float32 (`float32_parts`).
     Returns [batch, q_heads, head_dim] in q's dtype."""
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
@@ -275,7 +284,8 @@ def decode_attention_triton(
     scale = sm_scale if sm_scale is not None else head_dim**-0.5
     page_runs = page_size % block_n == 0
     assert page_runs or not tma, "TMA reads runs of consecutive slots: pages of block_n or more"
-    part_o = q.new_empty((batch, q_heads, splits, head_dim), dtype=torch.float32)
+    part_dtype = torch.float32 if float32_parts else q.dtype
+    part_o = q.new_empty((batch, q_heads, splits, head_dim), dtype=part_dtype)
     part_lse = q.new_empty((batch, q_heads, splits), dtype=torch.float32)
     out = torch.empty_like(q)
     if batch == 0:
