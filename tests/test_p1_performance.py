@@ -635,7 +635,7 @@ def test_the_side_table_compares_every_engine_with_the_last() -> None:
 
 
 @pytest.mark.parametrize(
-    "merge_here, equal, page_size, tma, float32_parts",
+    "merge_here, equal, page_size, tma, narrow_parts",
     [
         (True, False, 1, False, False),
         (False, False, 1, False, False),
@@ -649,7 +649,7 @@ def test_the_side_table_compares_every_engine_with_the_last() -> None:
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
-    monkeypatch, dtype, merge_here, equal, page_size, tma, float32_parts
+    monkeypatch, dtype, merge_here, equal, page_size, tma, narrow_parts
 ) -> None:
     """The Triton decode kernel (chunks of at least 16 keys, at most 4 per request and head,
     merged by the last piece to finish or by a second kernel; pieces of equal size or a
@@ -658,8 +658,8 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
     chunk, and more keys than 4 chunks hold (longer pieces); two query heads per key/value
     head. Keys at scattered slots, or in whole pages of 32 slots taken in a random order (the
     kernel then reads one index per 16 keys, and with TMA whole tiles; the cache's unused
-    slots hold NaN, which must not reach the output). The pieces' results are kept in the
-    output's dtype or in float32. The kernel's new buffers start as NaN, so an output row left
+    slots hold NaN, which must not reach the output). The pieces' results are kept in float32
+    or in the output's dtype. The kernel's new buffers start as NaN, so an output row left
     unwritten, or a merge that reads a piece never written (requests of one piece write their
     output and skip the merge), would show. The counters of finished pieces end at zero."""
     from minisgl.kernel.triton import decode_attention
@@ -695,7 +695,7 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
     monkeypatch.setattr(torch, "empty_like", nan_filled(torch.empty_like))
     out = decode_attention_triton(
         q, k, v, indptr, indices, splits=4, chunk=16, block_n=16, merge_here=merge_here,
-        equal=equal, page_size=page_size, tma=tma, float32_parts=float32_parts,
+        equal=equal, page_size=page_size, tma=tma, narrow_parts=narrow_parts,
     )  # fmt: skip
     monkeypatch.undo()
     assert not decode_attention._COUNTERS[q.device].any()

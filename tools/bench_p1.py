@@ -1043,21 +1043,21 @@ DECODE_KERNEL_SETS = {
         "a tile of the cache (Hopper's tensor memory accelerator) instead of the threads' own "
         "loads",
     ),
-    # the pieces' results for the merge in bfloat16 or float32 (docs/data/p1-decode-parts.md)
+    # the pieces' results for the merge in float32 or bfloat16 (docs/data/p1-decode-parts.md)
     "parts": DecodeKernels(
         {
             "page runs (the engine's)": PAGE_RUNS,
-            "float32 pieces": dict(PAGE_RUNS, float32_parts=True),
+            "bfloat16 pieces": dict(PAGE_RUNS, narrow_parts=True),
             "merged in the kernel": dict(PAGE_RUNS, merge_here=True),
-            "float32 pieces, merged in the kernel": dict(
-                PAGE_RUNS, float32_parts=True, merge_here=True
+            "bfloat16 pieces, merged in the kernel": dict(
+                PAGE_RUNS, narrow_parts=True, merge_here=True
             ),
         },
         "Triton: each request's keys in at most 8 pieces per key/value head of at least 256 keys, "
         "64 loaded at a time, 4 warps, 3 stages, one index per 64 keys (page runs); each piece "
-        "writes its result in bfloat16 for a second kernel to merge, unless the label says "
-        "otherwise; a request of one piece writes its output itself; float32 pieces: the "
-        "results in float32; merged in the kernel: the last piece of a request to finish merges",
+        "writes its result in float32 for a second kernel to merge, unless the label says "
+        "otherwise; a request of one piece writes its output itself; bfloat16 pieces: the "
+        "results in bfloat16; merged in the kernel: the last piece of a request to finish merges",
     ),
 }
 

@@ -10,10 +10,10 @@ Here a request's keys are cut into pieces of at least CHUNK keys, at most SPLITS
 longer request gets longer pieces), and each (request, key/value head, piece) is one program:
 the GPU's scheduler fills the SMs with many short programs instead of a few long ones. A
 program keeps the running maximum of the scores, the running sum of their exponentials and the
-weighted sum of the values (the online softmax), and writes its result with its log-sum-exp,
-the result in the output's dtype (as FlashInfer's split kernels keep theirs) unless
-float32_parts. The pieces of a request are then merged, each weighed by exp(its lse - the
-largest), which is what one softmax over the whole row gives: by a second kernel, or
+weighted sum of the values (the online softmax), and writes its result, in float32
+(narrow_parts: in the output's dtype, as FlashInfer's split kernels keep theirs; slower on the
+H100), with its log-sum-exp. The pieces of a request are then merged, each weighed by exp(its
+lse - the largest), which is what one softmax over the whole row gives: by a second kernel, or
 (merge_here) by the piece that finishes last, which an atomic counter per (request, head)
 tells. A request of one piece has nothing to merge: its program writes the output itself.
 The grid is (requests, key/value heads, SPLITS) whatever the lengths, so a CUDA graph can
@@ -264,7 +264,7 @@ def decode_attention_triton(
     equal: bool = False,
     page_size: int = 1,
     tma: bool = False,
-    float32_parts: bool = False,
+    narrow_parts: bool = False,
 ) -> torch.Tensor:
     """One decode step's attention: q [batch, q_heads, head_dim], the caches [slots, kv_heads,
     head_dim], request r's keys at slots indices[indptr[r]:indptr[r + 1]]. Each request's keys
@@ -273,7 +273,7 @@ def decode_attention_triton(
     kernel. `page_size`: each request's keys fill whole pages of that many consecutive slots,
     first to last; where `block_n` divides it, each load of keys takes one index, and `tma`
     loads the keys and values by the GPU's bulk copies (Hopper's TMA) instead of the threads.
-    The pieces' results are kept in q's dtype for the merge, or in float32 (`float32_parts`).
+    The pieces' results are kept in float32 for the merge, or in q's dtype (`narrow_parts`).
     Returns [batch, q_heads, head_dim] in q's dtype."""
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
@@ -284,7 +284,7 @@ def decode_attention_triton(
     scale = sm_scale if sm_scale is not None else head_dim**-0.5
     page_runs = page_size % block_n == 0
     assert page_runs or not tma, "TMA reads runs of consecutive slots: pages of block_n or more"
-    part_dtype = torch.float32 if float32_parts else q.dtype
+    part_dtype = q.dtype if narrow_parts else torch.float32
     part_o = q.new_empty((batch, q_heads, splits, head_dim), dtype=part_dtype)
     part_lse = q.new_empty((batch, q_heads, splits), dtype=torch.float32)
     out = torch.empty_like(q)
