@@ -9,11 +9,12 @@ docs/data:
   (tools/bench_ablation.py batch), one panel per device that has measurements;
 * ch21-split.svg: a decode step's milliseconds split into parts, one bar per batch size
   (tools/bench_ablation.py split);
-* p1-profile.svg, p1-profile-h100.svg: each engine's GPU time over the whole offline workload,
-  by part, with the wall time of its run and the workload's physical limit on that GPU
-  (tools/bench_p1.py profile, limit; the first on an H200, the second on an H100);
-* p1-batch.svg: output tokens per second against the requests decoding at once, both engines
-  and each size's limit (tools/bench_p1.py batch, its run on an H100);
+* p1-profile.svg, p1-profile-h100.svg, p1-profile-h200.svg: each engine's GPU time over the
+  whole offline workload, by part, with the wall time of its run and the workload's physical
+  limit on that GPU (tools/bench_p1.py profile, limit; the first on an H200 before the
+  project's kernels, the second on an H100, the third on an H200 after them);
+* p1-batch.svg, p1-batch-h200.svg: output tokens per second against the requests decoding at
+  once, both engines and each size's limit (tools/bench_p1.py batch, on an H100 and on an H200);
 * p1-split.svg: a decode step in parts, one bar per batch size, before the project (chapter
   21's split) and after it (tools/bench_ablation.py split with P1's engine, on an H100).
 
@@ -163,6 +164,10 @@ def plot_profile_h100(data: Path, out: Path) -> Path:
     return profile_bars(data / "p1-profile-h100.json", out / "p1-profile-h100.svg")
 
 
+def plot_profile_h200(data: Path, out: Path) -> Path:
+    return profile_bars(data / "p1-profile-h200.json", out / "p1-profile-h200.svg")
+
+
 def profile_bars(results_file: Path, path: Path) -> Path:
     """Each engine's GPU time by part (`bench_p1.py profile`'s results), its run's wall time,
     and the limit of the GPU the profile ran on."""
@@ -198,9 +203,17 @@ def profile_bars(results_file: Path, path: Path) -> Path:
 
 
 def plot_p1_batch(data: Path, out: Path) -> Path:
+    return batch_curves(data / "p1-batch-h100.json", out / "p1-batch.svg")
+
+
+def plot_p1_batch_h200(data: Path, out: Path) -> Path:
+    return batch_curves(data / "p1-batch-h200.json", out / "p1-batch-h200.svg")
+
+
+def batch_curves(results_file: Path, path: Path) -> Path:
     """Output tokens per second against the requests decoding at once, each engine of
-    `bench_p1.py batch` (its run on an H100) and the limit of each size on that GPU."""
-    measured = json.loads((data / "p1-batch-h100.json").read_text())
+    `bench_p1.py batch` and the limit of each size on the GPU it ran on."""
+    measured = json.loads(results_file.read_text())
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     sizes = [bound["batch"] for bound in measured["limit"]]
     for (label, points), marker in zip(measured["curves"].items(), "os^"):
@@ -209,7 +222,6 @@ def plot_p1_batch(data: Path, out: Path) -> Path:
             linestyle="--", linewidth=1, label=f"the limit ({measured['hardware']})")  # fmt: skip
     batch_axes(ax, sizes, f"{measured['machine']}: prompts of {measured['prompt_len']}, "
                           f"{measured['new_tokens']} new tokens each")  # fmt: skip
-    path = out / "p1-batch.svg"
     save(fig, path)
     return path
 
@@ -220,7 +232,9 @@ PLOTS = {
     "ch21-split": plot_split,
     "p1-profile": plot_profile,
     "p1-profile-h100": plot_profile_h100,
+    "p1-profile-h200": plot_profile_h200,
     "p1-batch": plot_p1_batch,
+    "p1-batch-h200": plot_p1_batch_h200,
     "p1-split": plot_p1_split,
 }
 
