@@ -803,3 +803,47 @@ def test_ab_with_files_changes_only_those_files_of_the_after_tree(tmp_path) -> N
     assert seen["P1"] == {core: f"{core} of P1", graph: f"{graph} of P1"}
     assert seen["mixed"] == {core: f"{core} of P1", graph: f"{graph} of 22"}
     assert "| project P1, minisgl/engine/graph.py of chapter 22 |" in out.read_text()
+
+
+def test_the_compiled_kernels_instructions_and_programs_per_sm_are_counted() -> None:
+    from tools.compiled_kernel import Compiled, count_instructions, programs_per_sm
+
+    ptx = "\n".join([
+        "\tcp.async.cg.shared.global [ %r1 + 0 ], [ %rd2 + 0 ], 0x10, %r3;",
+        "\tld.global.v4.b32 { %r4, %r5, %r6, %r7 }, [ %rd8 + 0 ];",
+        "\tld.global.b16 { %rs1 }, [ %rd9 + 0 ];",
+        "\t@%p1 st.global.v4.b32 [ %rd10 + 0 ], { %r11, %r12, %r13, %r14 };",
+        "\tst.global.b32 [ %rd15 + 0 ], { %r16 };  // st.global.b32 in a comment",
+        "\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {...};",
+    ])  # fmt: skip
+    counts = count_instructions(ptx)
+    assert list(counts.values()) == [1, 0, 1, 1, 1, 1, 1]
+    # 92 registers: 2,944 a warp, given as 3,072; 4 warps take 12,288 of 65,536
+    assert programs_per_sm(Compiled(92, 38916, 4, "")) == dict(
+        registers=5, **{"shared memory": 5}, warps=16
+    )
+    assert programs_per_sm(Compiled(136, 22528, 4, ""))["registers"] == 3
+
+
+def test_the_decode_kernel_compiled_for_hopper_moves_its_keys_16_bytes_at_a_time(tmp_path) -> None:
+    """What the page says of the compiled kernel, with the installed Triton: with the alignment
+    that a launch from the engine gives, the keys and values come by 16-byte copies into shared
+    memory and the results go out 16 bytes at a time; without it, one number at a time."""
+    out = tmp_path / "compiled.md"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # a real compile
+    command = [sys.executable, "tools/bench_p1.py", "compiled", "--out", str(out)]
+    subprocess.run(command, cwd=bench_p1.ROOT, env=env, check=True, timeout=600)
+    rows: Dict[str, List[int]] = {}
+    for line in out.read_text().splitlines()[2:]:
+        if not line.startswith("| "):
+            break
+        name, *cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[name] = [int(c.replace(",", "")) for c in cells]
+    copies = rows["copies to shared memory, 16 bytes (cp.async.cg)"]
+    assert copies[0] > 0 and copies[1] > 0 and copies[2] == 0
+    assert rows["stores, 16 bytes (st.global.v4)"][0] > 0
+    assert rows["stores, 16 bytes (st.global.v4)"][1] > 0
+    # the marks spare the per-number loads: q and the keys and values, 147 of them without
+    single_loads = rows["loads, one number (ld.global)"]
+    assert single_loads[0] <= 4 and single_loads[2] > 64
+    assert rows["registers per thread"][0] > 0 and rows["programs per SM, by registers"][0] >= 1

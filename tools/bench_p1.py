@@ -20,6 +20,7 @@ engine before and after the project and beside the official one, and where the t
     python tools/bench_p1.py sampler        # the Gumbel-max sampler against FlashInfer's
     python tools/bench_p1.py matmuls        # the decode steps' matrix products, cuBLAS(Lt)
     python tools/bench_p1.py split-k        # o and down split over K, in Triton, vs cuBLAS
+    python tools/bench_p1.py compiled       # the decode kernel as compiled for Hopper (no GPU)
 
 **limit.** A lower bound on the time of the workload on one H200, from three facts of the
 hardware and the shapes alone: a prefill is bound by arithmetic (two FLOPs per weight per
@@ -88,6 +89,10 @@ by cuBLAS and cuBLASLt, each in a CUDA graph: against reading the weights once p
 against a Triton product that cuts the sum over the inputs into slices
 (`tools/split_k.py`), each setting of it (slices, tile sizes) timed in a CUDA graph and the
 fastest kept, with its largest difference from cuBLAS's result.
+
+**compiled.** On any machine: the decode kernel's pieces as Triton compiles them for the
+H100 and H200, with the alignment a launch from the engine gives (`tools/compiled_kernel.py`):
+registers, shared memory, programs per SM, and the PTX's loads, stores and products.
 """
 
 from __future__ import annotations
@@ -1309,6 +1314,7 @@ def main() -> None:
             "sampler",
             "matmuls",
             "split-k",
+            "compiled",
         ],
     )
     parser.add_argument("--before", default="22", help="the chapter before the project")
@@ -1357,6 +1363,11 @@ def main() -> None:
         matmuls(args.out or MATMULS_OUT)
     elif args.what == "split-k":
         split_k(args.out or SPLIT_K_OUT)
+    elif args.what == "compiled":
+        from tools.compiled_kernel import OUT as COMPILED_OUT
+        from tools.compiled_kernel import compiled
+
+        compiled(args.out or COMPILED_OUT)
     else:
         only = args.only.split(",") if args.only else []
         if args.from_json:  # the tables again, from a run's saved results
