@@ -635,21 +635,24 @@ def test_the_side_table_compares_every_engine_with_the_last() -> None:
 
 
 @pytest.mark.parametrize(
-    "merge_here, equal, page_size, tma, narrow_parts",
+    "merge_here, equal, page_size, tma, narrow_parts, page_loop",
     [
-        (True, False, 1, False, False),
-        (False, False, 1, False, False),
-        (False, False, 1, False, True),
-        (True, True, 1, False, True),
-        (False, False, 32, False, False),
-        (True, True, 32, False, False),
-        (False, False, 32, True, False),
-        (True, True, 32, True, False),
+        (True, False, 1, False, False, False),
+        (False, False, 1, False, False, False),
+        (False, False, 1, False, True, False),
+        (True, True, 1, False, True, False),
+        (False, False, 32, False, False, False),
+        (True, True, 32, False, False, False),
+        (False, False, 32, True, False, False),
+        (True, True, 32, True, False, False),
+        (False, False, 32, False, False, True),
+        (True, True, 32, False, True, True),
+        (False, False, 32, True, False, True),
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
-    monkeypatch, dtype, merge_here, equal, page_size, tma, narrow_parts
+    monkeypatch, dtype, merge_here, equal, page_size, tma, narrow_parts, page_loop
 ) -> None:
     """The Triton decode kernel (chunks of at least 16 keys, at most 4 per request and head,
     merged by the last piece to finish or by a second kernel; pieces of equal size or a
@@ -658,8 +661,9 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
     chunk, and more keys than 4 chunks hold (longer pieces); two query heads per key/value
     head. Keys at scattered slots, or in whole pages of 32 slots taken in a random order (the
     kernel then reads one index per 16 keys, and with TMA whole tiles; the cache's unused
-    slots hold NaN, which must not reach the output). The pieces' results are kept in float32
-    or in the output's dtype. The kernel's new buffers start as NaN, so an output row left
+    slots hold NaN, which must not reach the output; with the page loop, an index per page,
+    pieces that start and end inside a page included). The pieces' results are kept in
+    float32 or in the output's dtype. The kernel's new buffers start as NaN, so an output row left
     unwritten, or a merge that reads a piece never written (requests of one piece write their
     output and skip the merge), would show. The counters of finished pieces end at zero."""
     from minisgl.kernel.triton import decode_attention
@@ -696,6 +700,7 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
     out = decode_attention_triton(
         q, k, v, indptr, indices, splits=4, chunk=16, block_n=16, merge_here=merge_here,
         equal=equal, page_size=page_size, tma=tma, narrow_parts=narrow_parts,
+        page_loop=page_loop,
     )  # fmt: skip
     monkeypatch.undo()
     assert not decode_attention._COUNTERS[q.device].any()
@@ -819,16 +824,17 @@ def test_the_compiled_kernels_instructions_and_programs_per_sm_are_counted() -> 
     counts = count_instructions(ptx)
     assert list(counts.values()) == [1, 0, 1, 1, 1, 1, 1]
     # 92 registers: 2,944 a warp, given as 3,072; 4 warps take 12,288 of 65,536
-    assert programs_per_sm(Compiled(92, 38916, 4, "")) == dict(
+    assert programs_per_sm(Compiled(92, 38916, 4, 1, "")) == dict(
         registers=5, **{"shared memory": 5}, warps=16
     )
-    assert programs_per_sm(Compiled(136, 22528, 4, ""))["registers"] == 3
+    assert programs_per_sm(Compiled(136, 22528, 4, 0, ""))["registers"] == 3
 
 
 def test_the_decode_kernel_compiled_for_hopper_moves_its_keys_16_bytes_at_a_time(tmp_path) -> None:
     """What the page says of the compiled kernel, with the installed Triton: with the alignment
     that a launch from the engine gives, the keys and values come by 16-byte copies into shared
-    memory and the results go out 16 bytes at a time; without it, one number at a time."""
+    memory and the results go out 16 bytes at a time; without it, one number at a time. With
+    the page loop the shared memory holds more than one load of keys at once."""
     out = tmp_path / "compiled.md"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # a real compile
     command = [sys.executable, "tools/bench_p1.py", "compiled", "--out", str(out)]
@@ -839,11 +845,13 @@ def test_the_decode_kernel_compiled_for_hopper_moves_its_keys_16_bytes_at_a_time
             break
         name, *cells = [c.strip() for c in line.strip("|").split("|")]
         rows[name] = [int(c.replace(",", "")) for c in cells]
+    # columns: the engine's float32 pieces, bfloat16 pieces, the page loop, no alignment marks
     copies = rows["copies to shared memory, 16 bytes (cp.async.cg)"]
-    assert copies[0] > 0 and copies[1] > 0 and copies[2] == 0
-    assert rows["stores, 16 bytes (st.global.v4)"][0] > 0
-    assert rows["stores, 16 bytes (st.global.v4)"][1] > 0
+    assert copies[0] > 0 and copies[1] > 0 and copies[2] > 0 and copies[3] == 0
+    assert all(n > 0 for n in rows["stores, 16 bytes (st.global.v4)"][:3])
     # the marks spare the per-number loads: q and the keys and values, 147 of them without
     single_loads = rows["loads, one number (ld.global)"]
-    assert single_loads[0] <= 4 and single_loads[2] > 64
+    assert max(single_loads[:3]) <= 4 and single_loads[3] > 64
+    buffers = rows["loads of keys held in shared memory"]
+    assert buffers[2] >= 2 and buffers[2] > buffers[0]
     assert rows["registers per thread"][0] > 0 and rows["programs per SM, by registers"][0] >= 1

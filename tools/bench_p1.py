@@ -15,7 +15,7 @@ engine before and after the project and beside the official one, and where the t
     python tools/bench_p1.py attention      # the decode attention kernel alone
     python tools/bench_p1.py attention-run  # ... at the shapes of the run's decode steps
     python tools/bench_p1.py norms-rope     # the fused q/k norms and RoPE against FlashInfer
-    python tools/bench_p1.py decode-kernels [--set options|settings|tma|parts]
+    python tools/bench_p1.py decode-kernels [--set options|settings|tma|parts|loop]
                                             # the book's decode kernel against FlashInfer's
     python tools/bench_p1.py sampler        # the Gumbel-max sampler against FlashInfer's
     python tools/bench_p1.py matmuls        # the decode steps' matrix products, cuBLAS(Lt)
@@ -126,6 +126,7 @@ DECODE_KERNELS_OUT = {
     "settings": ROOT / "docs" / "data" / "p1-decode-settings.md",
     "tma": ROOT / "docs" / "data" / "p1-decode-tma.md",
     "parts": ROOT / "docs" / "data" / "p1-decode-parts.md",
+    "loop": ROOT / "docs" / "data" / "p1-decode-loop.md",
 }
 NORMS_ROPE_OUT = ROOT / "docs" / "data" / "p1-norms-rope.md"
 SAMPLER_OUT = ROOT / "docs" / "data" / "p1-sampler.md"
@@ -1063,6 +1064,22 @@ DECODE_KERNEL_SETS = {
         "writes its result in float32 for a second kernel to merge, unless the label says "
         "otherwise; a request of one piece writes its output itself; bfloat16 pieces: the "
         "results in bfloat16; merged in the kernel: the last piece of a request to finish merges",
+    ),
+    # an index read once per page, before a loop over the page's loads that reads none, so
+    # that the compiler keeps 2 or 3 loads of keys in flight (docs/data/p1-decode-loop.md)
+    "loop": DecodeKernels(
+        {
+            "page runs (the engine's)": PAGE_RUNS,
+            "page loop": dict(PAGE_RUNS, page_loop=True),
+            "page loop, 4 stages": dict(PAGE_RUNS, page_loop=True, num_stages=4),
+            "page loop, 2 stages": dict(PAGE_RUNS, page_loop=True, num_stages=2),
+            "page loop, merged in the kernel": dict(PAGE_RUNS, page_loop=True, merge_here=True),
+        },
+        "Triton: each request's keys in at most 8 pieces per key/value head of at least 256 keys, "
+        "64 loaded at a time, 4 warps, 3 stages, two kernels, one index per 64 keys (page runs), "
+        "unless the label says otherwise; page loop: one index per page of 256 keys, read before "
+        "a loop over the page's loads (compiled, 3 stages keep 2 loads of keys and of values in "
+        "shared memory, 4 stages 3, 2 stages 1)",
     ),
 }
 

@@ -1,6 +1,6 @@
 """What Triton's compiler makes of the book's decode kernel for a Hopper GPU, on any machine.
 
-    python tools/bench_p1.py compiled    # docs/data/p1-decode-compiled.md
+    python tools/bench_p1.py compiled    # docs/data/p1-decode-compiled{,-stages}.md
 
 Triton compiles for a target it is told, GPU or not: here the H100's and H200's (compute
 capability 9.0). The pieces' kernel (`_decode_piece_kernel`) is compiled with the engine's
@@ -54,6 +54,7 @@ class Compiled:
     registers: int  # per thread
     shared_bytes: int  # per program
     warps: int
+    key_buffers: int  # loads of keys the shared memory holds at once (Triton's pipeline depth)
     ptx: str
 
 
@@ -85,8 +86,11 @@ def programs_per_sm(compiled: Compiled, sm: SmLimits = HOPPER) -> Dict[str, int]
     }
 
 
-def compile_pieces(narrow_parts: bool, aligned: bool = True) -> Compiled:
-    """The pieces' kernel, compiled for compute capability 9.0 with the engine's settings."""
+def compile_pieces(
+    narrow_parts: bool, aligned: bool = True, page_loop: bool = False, stages: int | None = None
+) -> Compiled:
+    """The pieces' kernel, compiled for compute capability 9.0 with the engine's settings
+    (`page_loop`: with that option on; `stages`: that many instead of the engine's)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -94,13 +98,15 @@ def compile_pieces(narrow_parts: bool, aligned: bool = True) -> Compiled:
     from minisgl.attention.fi import TRITON_DECODE_SETTINGS
     from minisgl.kernel.triton.decode_attention import _decode_piece_kernel as kernel
 
-    settings = TRITON_DECODE_SETTINGS
+    settings = dict(TRITON_DECODE_SETTINGS, page_loop=page_loop)
+    settings["num_stages"] = stages or settings["num_stages"]
     page_runs = settings["page_runs"] and WORKLOAD_PAGE_SIZE % settings["block_n"] == 0
     constants = dict(
         GROUP=GROUP, BLOCK_H=max(16, triton.next_power_of_2(GROUP)), HEAD_DIM=HEAD_DIM,
         CHUNK=settings["chunk"], BLOCK_N=settings["block_n"], SPLITS=settings["splits"],
         EQUAL=settings["equal"], UPCAST=False, MERGE_HERE=settings["merge_here"],
-        PAGE_RUNS=page_runs, TMA=settings["tma"],
+        PAGE_RUNS=page_runs, TMA=settings["tma"], PAGE_LOOP=settings["page_loop"] and page_runs,
+        PAGE_SIZE=WORKLOAD_PAGE_SIZE if settings["page_loop"] and page_runs else 1,
     )  # fmt: skip
     pointers = dict(
         q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", indptr_ptr="*i32", indices_ptr="*i32",
@@ -124,7 +130,15 @@ def compile_pieces(narrow_parts: bool, aligned: bool = True) -> Compiled:
             options=dict(num_warps=settings["num_warps"], num_stages=settings["num_stages"]),
         )
         registers = cubin_registers(binary.asm["cubin"], Path(cache))
-    return Compiled(registers, binary.metadata.shared, binary.metadata.num_warps, binary.asm["ptx"])
+    tile = f"x{settings['block_n']}x{HEAD_DIM}xbf16"
+    buffers = re.findall(rf"local_alloc : \(\) -> !ttg\.memdesc<(\d+){tile}", binary.asm["ttgir"])
+    return Compiled(
+        registers,
+        binary.metadata.shared,
+        binary.metadata.num_warps,
+        max((int(b) for b in buffers), default=0),
+        binary.asm["ptx"],
+    )
 
 
 def cubin_registers(cubin: bytes, work: Path) -> int:
@@ -159,6 +173,7 @@ def table(columns: Dict[str, Compiled]) -> str:
 
     row("registers per thread", [c.registers for c in columns.values()])
     row("shared memory per program, bytes", [c.shared_bytes for c in columns.values()])
+    row("loads of keys held in shared memory", [c.key_buffers for c in columns.values()])
     fits = {label: programs_per_sm(c) for label, c in columns.items()}
     for limit in ("registers", "shared memory"):
         row(f"programs per SM, by {limit}", [fits[label][limit] for label in labels])
@@ -178,15 +193,49 @@ def table(columns: Dict[str, Compiled]) -> str:
     )
 
 
+def stages_table(loops: Dict[str, Dict[int, Compiled]]) -> str:
+    """Per loop and number of stages: the loads of keys in shared memory, its bytes, and the
+    programs an SM holds."""
+    stages = sorted(next(iter(loops.values())))
+    rows = ["| loop | " + " | ".join(f"{n} stages" for n in stages) + " |"]
+    rows.append("| --- |" + " ---: |" * len(stages))
+    for label, by_stages in loops.items():
+        cells = []
+        for n in stages:
+            c = by_stages[n]
+            fits = min(programs_per_sm(c).values())
+            cells.append(f"{c.key_buffers} ({c.shared_bytes:,} bytes, {fits} per SM)")
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    return (
+        "\n".join(rows) + "\n\nLoads of keys held in shared memory at once (as many for the "
+        "values), the program's shared memory, and the programs one SM holds by its registers, "
+        "shared memory and warps: the float32 pieces compiled as in p1-decode-compiled.md, with "
+        "2, 3 and 4 stages (`num_stages`).\n"
+    )
+
+
 def compiled(out: Path = OUT) -> None:
-    """The table for the float32 and bfloat16 pieces, and the float32 ones without the marks."""
+    """The table for the float32 and bfloat16 pieces, the float32 ones with the page loop, and
+    without the marks."""
     columns = {
         "float32 pieces (the engine's)": compile_pieces(narrow_parts=False),
         "bfloat16 pieces": compile_pieces(narrow_parts=True),
+        "float32 pieces, page loop": compile_pieces(narrow_parts=False, page_loop=True),
         "float32 pieces, no alignment marks": compile_pieces(narrow_parts=False, aligned=False),
     }
+    loops = {
+        label: {n: compile_pieces(narrow_parts=False, page_loop=loop, stages=n) for n in (2, 3, 4)}
+        for label, loop in (("the engine's (page runs)", False), ("page loop", True))
+    }
     out.write_text(table(columns))
-    print(out.read_text())
+    stages_out = stages_file(out)
+    stages_out.write_text(stages_table(loops))
+    print(out.read_text() + "\n" + stages_out.read_text())
+
+
+def stages_file(out: Path) -> Path:
+    """Where `compiled` writes its second table: beside `out`, named after it."""
+    return out.with_name(f"{out.stem}-stages{out.suffix}")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,93 @@ def _piece(
 
 
 @triton.jit
+def _attend(
+    q, k_ptr, v_ptr, slots, first_slot, key_mask, kv_head, k_stride_t, k_stride_h, v_stride_t,
+    v_stride_h, scale_log2, best, total, acc, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
+):  # fmt: skip
+    """One load of keys and values at `slots` (the first of them at `first_slot`, for TMA)
+    added to the online softmax (`best`, `total`, `acc`) of the query heads `q`."""
+    dims = tl.arange(0, HEAD_DIM)
+    if TMA:  # a whole tile: the keys past the piece's end are read too, and masked below
+        k = k_ptr.load([first_slot, kv_head * HEAD_DIM])
+    else:
+        k = tl.load(
+            k_ptr + slots[:, None] * k_stride_t + kv_head * k_stride_h + dims[None, :],
+            mask=key_mask[:, None],
+            other=0.0,
+        )
+    if UPCAST:
+        k = k.to(tl.float32)
+    scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
+    scores = tl.where(key_mask[None, :], scores, float("-inf"))
+    new_best = tl.maximum(best, tl.max(scores, 1))
+    shrink = tl.exp2(best - new_best)
+    weights = tl.exp2(scores - new_best[:, None])
+    total = total * shrink + tl.sum(weights, 1)
+    if TMA:  # slots past the end may hold anything, NaN too: 0 x NaN would spread
+        v = tl.where(key_mask[:, None], v_ptr.load([first_slot, kv_head * HEAD_DIM]), 0.0)
+    else:
+        v = tl.load(
+            v_ptr + slots[:, None] * v_stride_t + kv_head * v_stride_h + dims[None, :],
+            mask=key_mask[:, None],
+            other=0.0,
+        )
+    if UPCAST:
+        v = v.to(tl.float32)
+    acc = acc * shrink[:, None] + tl.dot(weights.to(v.dtype), v, input_precision="ieee")
+    return new_best, total, acc
+
+
+@triton.jit
+def _attend_loads(
+    q, k_ptr, v_ptr, indices_ptr, start, stop, kv_head, k_stride_t, k_stride_h, v_stride_t,
+    v_stride_h, scale_log2, best, total, acc, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    UPCAST: tl.constexpr, TMA: tl.constexpr, PAGE_RUNS: tl.constexpr,
+):  # fmt: skip
+    """The keys start..stop, BLOCK_N at a time, each load's slots read from `indices`: all
+    of them, or (PAGE_RUNS) the first, which the others follow."""
+    for offset in range(start, stop, BLOCK_N):
+        keys = offset + tl.arange(0, BLOCK_N)
+        key_mask = keys < stop
+        if PAGE_RUNS:  # one index, not BLOCK_N: the load no longer waits on a gather
+            first_slot = tl.load(indices_ptr + offset)
+            slots = first_slot.to(tl.int64) + tl.arange(0, BLOCK_N)
+        else:
+            first_slot = offset  # read only by TMA, which needs PAGE_RUNS
+            slots = tl.load(indices_ptr + keys, mask=key_mask, other=0).to(tl.int64)
+        best, total, acc = _attend(
+            q, k_ptr, v_ptr, slots, first_slot, key_mask, kv_head, k_stride_t, k_stride_h,
+            v_stride_t, v_stride_h, scale_log2, best, total, acc, HEAD_DIM, UPCAST, TMA,
+        )  # fmt: skip
+    return best, total, acc
+
+
+@triton.jit
+def _attend_pages(
+    q, k_ptr, v_ptr, indices_ptr, start, stop, kv_head, k_stride_t, k_stride_h, v_stride_t,
+    v_stride_h, scale_log2, best, total, acc, first, PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """The keys start..stop a page at a time (pages of the request starting at `first`):
+    within a page they lie in consecutive slots, so the page's index is read once, before a
+    loop over its loads that reads none. With nothing but keys and values to load in that
+    loop, Triton's pipeliner can copy the next loads while this one is used."""
+    for page_start in range(start - (start - first) % PAGE_SIZE, stop, PAGE_SIZE):
+        run_start = tl.maximum(page_start, start)
+        run_stop = tl.minimum(page_start + PAGE_SIZE, stop)
+        run_slot = tl.load(indices_ptr + run_start).to(tl.int64) - run_start  # key j's slot - j
+        for offset in range(run_start, run_stop, BLOCK_N):
+            keys = offset + tl.arange(0, BLOCK_N)
+            best, total, acc = _attend(
+                q, k_ptr, v_ptr, run_slot + keys, (run_slot + offset).to(tl.int32),
+                keys < run_stop, kv_head, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
+                scale_log2, best, total, acc, HEAD_DIM, UPCAST, TMA,
+            )  # fmt: skip
+    return best, total, acc
+
+
+@triton.jit
 def _decode_piece_kernel(
     q_ptr,
     k_ptr,  # [slots, kv_heads, head_dim]; with TMA, a descriptor of [slots, kv_heads * head_dim]
@@ -77,6 +164,8 @@ def _decode_piece_kernel(
     MERGE_HERE: tl.constexpr,  # the request's last piece to finish merges (no second kernel)
     PAGE_RUNS: tl.constexpr,  # every BLOCK_N keys lie in BLOCK_N consecutive slots
     TMA: tl.constexpr,  # (with PAGE_RUNS) the keys and values by the GPU's bulk copies
+    PAGE_LOOP: tl.constexpr,  # (with PAGE_RUNS) a loop over pages, one index read per page
+    PAGE_SIZE: tl.constexpr,  # slots per page (PAGE_LOOP)
 ):
     request = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -101,42 +190,18 @@ def _decode_piece_kernel(
         best = tl.full([BLOCK_H], float("-inf"), tl.float32)
         total = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-        for offset in range(start, stop, BLOCK_N):
-            keys = offset + tl.arange(0, BLOCK_N)
-            key_mask = keys < stop
-            if PAGE_RUNS:  # one index, not BLOCK_N: the load no longer waits on a gather
-                first_slot = tl.load(indices_ptr + offset)
-                slots = first_slot.to(tl.int64) + tl.arange(0, BLOCK_N)
-            else:
-                slots = tl.load(indices_ptr + keys, mask=key_mask, other=0).to(tl.int64)
-            if TMA:  # a whole tile: the keys past `stop` are read too, and masked below
-                k = k_ptr.load([first_slot, kv_head * HEAD_DIM])
-            else:
-                k = tl.load(
-                    k_ptr + slots[:, None] * k_stride_t + kv_head * k_stride_h + dims[None, :],
-                    mask=key_mask[:, None],
-                    other=0.0,
-                )
-            if UPCAST:
-                k = k.to(tl.float32)
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
-            scores = tl.where(key_mask[None, :], scores, float("-inf"))
-            new_best = tl.maximum(best, tl.max(scores, 1))
-            shrink = tl.exp2(best - new_best)
-            weights = tl.exp2(scores - new_best[:, None])
-            total = total * shrink + tl.sum(weights, 1)
-            if TMA:  # slots past `stop` may hold anything, NaN too: 0 x NaN would spread
-                v = tl.where(key_mask[:, None], v_ptr.load([first_slot, kv_head * HEAD_DIM]), 0.0)
-            else:
-                v = tl.load(
-                    v_ptr + slots[:, None] * v_stride_t + kv_head * v_stride_h + dims[None, :],
-                    mask=key_mask[:, None],
-                    other=0.0,
-                )
-            if UPCAST:
-                v = v.to(tl.float32)
-            acc = acc * shrink[:, None] + tl.dot(weights.to(v.dtype), v, input_precision="ieee")
-            best = new_best
+        if PAGE_LOOP:
+            best, total, acc = _attend_pages(
+                q, k_ptr, v_ptr, indices_ptr, start, stop, kv_head, k_stride_t, k_stride_h,
+                v_stride_t, v_stride_h, scale_log2, best, total, acc, first, PAGE_SIZE,
+                BLOCK_N, HEAD_DIM, UPCAST, TMA,
+            )  # fmt: skip
+        else:
+            best, total, acc = _attend_loads(
+                q, k_ptr, v_ptr, indices_ptr, start, stop, kv_head, k_stride_t, k_stride_h,
+                v_stride_t, v_stride_h, scale_log2, best, total, acc, BLOCK_N, HEAD_DIM, UPCAST,
+                TMA, PAGE_RUNS,
+            )  # fmt: skip
         pieces = tl.cdiv(end - first, size)
         row = (request * (GROUP * tl.num_programs(1)) + heads) * SPLITS + split
         out = out_ptr + request * out_stride_r + heads[:, None] * out_stride_h + dims[None, :]
@@ -265,6 +330,7 @@ def decode_attention_triton(
     page_size: int = 1,
     tma: bool = False,
     narrow_parts: bool = False,
+    page_loop: bool = False,
 ) -> torch.Tensor:
     """One decode step's attention: q [batch, q_heads, head_dim], the caches [slots, kv_heads,
     head_dim], request r's keys at slots indices[indptr[r]:indptr[r + 1]]. Each request's keys
@@ -274,6 +340,9 @@ def decode_attention_triton(
     first to last; where `block_n` divides it, each load of keys takes one index, and `tma`
     loads the keys and values by the GPU's bulk copies (Hopper's TMA) instead of the threads.
     The pieces' results are kept in float32 for the merge, or in q's dtype (`narrow_parts`).
+    `page_loop` (where each load takes one index): a loop over the piece's pages, whose index is
+    read once per page, around a loop over its loads that reads no index, so that Triton's
+    pipeliner may keep more than one load of keys in flight.
     Returns [batch, q_heads, head_dim] in q's dtype."""
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
@@ -322,6 +391,8 @@ def decode_attention_triton(
         MERGE_HERE=merge_here,
         PAGE_RUNS=page_runs,
         TMA=tma,
+        PAGE_LOOP=page_loop and page_runs,
+        PAGE_SIZE=page_size if page_loop and page_runs else 1,
         num_warps=num_warps,
         num_stages=num_stages,
     )
