@@ -97,17 +97,17 @@ def compile_pieces(
 
     from minisgl.attention.fi import TRITON_DECODE_SETTINGS
     from minisgl.kernel.triton.decode_attention import _decode_piece_kernel as kernel
+    from minisgl.kernel.triton.decode_attention import piece_constants
 
     settings = dict(TRITON_DECODE_SETTINGS, page_loop=page_loop)
     settings["num_stages"] = stages or settings["num_stages"]
-    page_runs = settings["page_runs"] and WORKLOAD_PAGE_SIZE % settings["block_n"] == 0
-    constants = dict(
-        GROUP=GROUP, BLOCK_H=max(16, triton.next_power_of_2(GROUP)), HEAD_DIM=HEAD_DIM,
-        CHUNK=settings["chunk"], BLOCK_N=settings["block_n"], SPLITS=settings["splits"],
-        EQUAL=settings["equal"], UPCAST=False, MERGE_HERE=settings["merge_here"],
-        PAGE_RUNS=page_runs, TMA=settings["tma"], PAGE_LOOP=settings["page_loop"] and page_runs,
-        PAGE_SIZE=WORKLOAD_PAGE_SIZE if settings["page_loop"] and page_runs else 1,
+    constants = piece_constants(
+        GROUP, HEAD_DIM, splits=settings["splits"], chunk=settings["chunk"],
+        block_n=settings["block_n"], equal=settings["equal"], merge_here=settings["merge_here"],
+        page_size=WORKLOAD_PAGE_SIZE if settings["page_runs"] else 1, tma=settings["tma"],
+        page_loop=settings["page_loop"],
     )  # fmt: skip
+    constants["UPCAST"] = False  # compiled for the GPU, whatever this process interprets
     pointers = dict(
         q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", indptr_ptr="*i32", indices_ptr="*i32",
         part_o_ptr="*bf16" if narrow_parts else "*fp32", part_lse_ptr="*fp32",

@@ -313,6 +313,39 @@ def _tile_source(cache: torch.Tensor, block_n: int) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(cache.view(slots, kv_heads * head_dim), [block_n, head_dim])
 
 
+def piece_constants(
+    group: int,
+    head_dim: int,
+    *,
+    splits: int,
+    chunk: int,
+    block_n: int,
+    equal: bool,
+    merge_here: bool,
+    page_size: int,
+    tma: bool,
+    page_loop: bool,
+) -> Dict[str, object]:
+    """The compile-time arguments of `_decode_piece_kernel` for these settings (what
+    decode_attention_triton launches it with, and tools/compiled_kernel.py compiles)."""
+    page_runs = page_size % block_n == 0
+    return dict(
+        GROUP=group,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        CHUNK=chunk,
+        BLOCK_N=block_n,
+        SPLITS=splits,
+        EQUAL=equal,
+        UPCAST=os.environ.get("TRITON_INTERPRET") == "1",
+        MERGE_HERE=merge_here,
+        PAGE_RUNS=page_runs,
+        TMA=tma,
+        PAGE_LOOP=page_loop and page_runs,
+        PAGE_SIZE=page_size if page_loop and page_runs else 1,
+    )
+
+
 def decode_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -380,19 +413,18 @@ def decode_attention_triton(
         v_cache.stride(1),
         out.stride(0),
         out.stride(1),
-        GROUP=group,
-        BLOCK_H=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim,
-        CHUNK=chunk,
-        BLOCK_N=block_n,
-        SPLITS=splits,
-        EQUAL=equal,
-        UPCAST=os.environ.get("TRITON_INTERPRET") == "1",
-        MERGE_HERE=merge_here,
-        PAGE_RUNS=page_runs,
-        TMA=tma,
-        PAGE_LOOP=page_loop and page_runs,
-        PAGE_SIZE=page_size if page_loop and page_runs else 1,
+        **piece_constants(
+            group,
+            head_dim,
+            splits=splits,
+            chunk=chunk,
+            block_n=block_n,
+            equal=equal,
+            merge_here=merge_here,
+            page_size=page_size,
+            tma=tma,
+            page_loop=page_loop,
+        ),  # fmt: skip
         num_warps=num_warps,
         num_stages=num_stages,
     )
