@@ -412,8 +412,12 @@ def engines(
 
 
 def side(source: Path, site: Path | None, rounds: int, out: Path, variants: List[str]) -> None:
-    runs = alternate(engines(source, site, variants), rounds)
-    out.write_text(runs_table(runs, workload_limit(this_gpu()), "Ratio this engine / official"))
+    bound = workload_limit(this_gpu())
+
+    def write(measured: Dict[str, List[Dict]]) -> None:
+        out.write_text(runs_table(measured, bound, "Ratio this engine / official"))
+
+    alternate(engines(source, site, variants), rounds, after_round=write)
     print(out.read_text())
 
 
