@@ -1078,12 +1078,16 @@ DECODE_KERNEL_SETS = {
             "page loop, 4 stages": dict(PAGE_RUNS, page_loop=True, num_stages=4),
             "page loop, 2 stages": dict(PAGE_RUNS, page_loop=True, num_stages=2),
             "page loop, merged in the kernel": dict(PAGE_RUNS, page_loop=True, merge_here=True),
+            "page loop, 32 keys a load": dict(PAGE_RUNS, page_loop=True, block_n=32),
+            "page loop, 32 keys a load, 4 stages": dict(
+                PAGE_RUNS, page_loop=True, block_n=32, num_stages=4
+            ),
         },
         "Triton: each request's keys in at most 8 pieces per key/value head of at least 256 keys, "
         "64 loaded at a time, 4 warps, 3 stages, two kernels, one index per 64 keys (page runs), "
         "unless the label says otherwise; page loop: one index per page of 256 keys, read before "
         "a loop over the page's loads (compiled, 3 stages keep 2 loads of keys and of values in "
-        "shared memory, 4 stages 3, 2 stages 1)",
+        "shared memory, 4 stages 3, 2 stages 1; 32 keys a load halves each buffer)",
     ),
 }
 
