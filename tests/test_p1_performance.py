@@ -616,6 +616,19 @@ def test_the_fused_kernel_runs_on_a_gpu_unless_turned_off(monkeypatch) -> None:
     assert not layer._fused_norms_and_rope(case[0])
 
 
+def test_a_variants_settings_may_hold_commas() -> None:
+    """`side --variant "LABEL:NAME=VALUE,..."`: a part whose name is not in capitals continues
+    the value before it (the decode kernel's settings are themselves a list)."""
+    env = bench_p1.variant_environment(
+        "MINISGL_GUMBEL_SAMPLING=0,MINISGL_TRITON_DECODE_SETTINGS=page_loop=1,block_n=32,A_B=x=y"
+    )
+    assert env == {
+        "MINISGL_GUMBEL_SAMPLING": "0",
+        "MINISGL_TRITON_DECODE_SETTINGS": "page_loop=1,block_n=32",
+        "A_B": "x=y",
+    }
+
+
 def test_the_side_table_compares_every_engine_with_the_last() -> None:
     """`bench_p1.py side --variant ...` runs this engine with and without a setting beside the
     official one: each gets its ratio to the official engine, the last in the table."""

@@ -391,6 +391,21 @@ def ab(before: str, after: str, rounds: int, out: Path, files: List[str] | None 
     print(out.read_text())
 
 
+def variant_environment(settings: str) -> Dict[str, str]:
+    """`NAME=VALUE,...` as a dictionary; a part whose name is not in capitals belongs to the
+    value before it, so that a value may hold commas itself:
+    `MINISGL_TRITON_DECODE_SETTINGS=page_loop=1,block_n=32` is one variable."""
+    env: Dict[str, str] = {}
+    name = None
+    for part in settings.split(","):
+        key, _, value = part.partition("=")
+        if name is not None and not key.isupper():
+            env[name] += "," + part
+        else:
+            name, env[key] = key, value
+    return env
+
+
 def engines(
     source: Path | None, site: Path | None, variants: List[str] | None = None
 ) -> Dict[str, Callable[..., Dict]]:
@@ -404,7 +419,7 @@ def engines(
     }
     for variant in variants or []:
         label, _, settings = variant.partition(":")
-        env = dict(setting.split("=", 1) for setting in settings.split(","))
+        env = variant_environment(settings)
         runs[f"this engine, {label}"] = functools.partial(run_in_child, "fi-graphs", env=env)
     if source is not None:
         runs["official mini-sglang"] = functools.partial(run_official_in_child, source, site)
@@ -1358,7 +1373,8 @@ def main() -> None:
     parser.add_argument(
         "--variant", action="append", default=[],
         help='side, profile: also this engine with settings, e.g. '
-        '"three kernels:MINISGL_FUSED_QK_NORM_ROPE=0"',
+        '"three kernels:MINISGL_FUSED_QK_NORM_ROPE=0" or '
+        '"loop 32:MINISGL_TRITON_DECODE_SETTINGS=page_loop=1,block_n=32"',
     )  # fmt: skip
     args = parser.parse_args()
     if args.what == "limit":

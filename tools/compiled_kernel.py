@@ -87,10 +87,14 @@ def programs_per_sm(compiled: Compiled, sm: SmLimits = HOPPER) -> Dict[str, int]
 
 
 def compile_pieces(
-    narrow_parts: bool, aligned: bool = True, page_loop: bool = False, stages: int | None = None
+    narrow_parts: bool,
+    aligned: bool = True,
+    page_loop: bool = False,
+    stages: int | None = None,
+    block_n: int | None = None,
 ) -> Compiled:
     """The pieces' kernel, compiled for compute capability 9.0 with the engine's settings
-    (`page_loop`: with that option on; `stages`: that many instead of the engine's)."""
+    (`page_loop`: with that option on; `stages`, `block_n`: those instead of the engine's)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -101,6 +105,7 @@ def compile_pieces(
 
     settings = dict(TRITON_DECODE_SETTINGS, page_loop=page_loop)
     settings["num_stages"] = stages or settings["num_stages"]
+    settings["block_n"] = block_n or settings["block_n"]
     constants = piece_constants(
         GROUP, HEAD_DIM, splits=settings["splits"], chunk=settings["chunk"],
         block_n=settings["block_n"], equal=settings["equal"], merge_here=settings["merge_here"],
@@ -210,7 +215,7 @@ def stages_table(loops: Dict[str, Dict[int, Compiled]]) -> str:
         "\n".join(rows) + "\n\nLoads of keys held in shared memory at once (as many for the "
         "values), the program's shared memory, and the programs one SM holds by its registers, "
         "shared memory and warps: the float32 pieces compiled as in p1-decode-compiled.md, with "
-        "2, 3 and 4 stages (`num_stages`).\n"
+        "2, 3 and 4 stages (`num_stages`), and 64 keys a load unless the row says otherwise.\n"
     )
 
 
@@ -224,8 +229,15 @@ def compiled(out: Path = OUT) -> None:
         "float32 pieces, no alignment marks": compile_pieces(narrow_parts=False, aligned=False),
     }
     loops = {
-        label: {n: compile_pieces(narrow_parts=False, page_loop=loop, stages=n) for n in (2, 3, 4)}
-        for label, loop in (("the engine's (page runs)", False), ("page loop", True))
+        label: {
+            n: compile_pieces(narrow_parts=False, page_loop=loop, stages=n, block_n=keys)
+            for n in (2, 3, 4)
+        }
+        for label, loop, keys in (
+            ("the engine's (page runs)", False, None),
+            ("page loop", True, None),
+            ("page loop, 32 keys a load", True, 32),
+        )
     }
     out.write_text(table(columns))
     stages_out = stages_file(out)
