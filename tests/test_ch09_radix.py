@@ -190,7 +190,7 @@ class RadixAgainstModel(RuleBasedStateMachine):
 
 
 RadixAgainstModel.TestCase.settings = settings(
-    max_examples=400,
+    max_examples=200,
     stateful_step_count=30,
     deadline=None,
     derandomize=True,
