@@ -868,3 +868,38 @@ def test_the_decode_kernel_compiled_for_hopper_moves_its_keys_16_bytes_at_a_time
     buffers = rows["loads of keys held in shared memory"]
     assert buffers[2] >= 2 and buffers[2] > buffers[0]
     assert rows["registers per thread"][0] > 0 and rows["programs per SM, by registers"][0] >= 1
+
+
+def test_ncus_raw_csv_becomes_a_row_with_the_largest_stalls_first() -> None:
+    from tools.kernel_counters import parse_raw_csv, row
+
+    names = [
+        "ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum",
+        "dram__throughput.avg.pct_of_peak_sustained_elapsed", "launch__registers_per_thread",
+        "launch__shared_mem_per_block_dynamic", "launch__shared_mem_per_block_static",
+        "launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem",
+        "launch__grid_size", "sm__warps_active.avg.pct_of_peak_sustained_active",
+        "sm__maximum_warps_per_active_cycle_pct",
+        "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
+        "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+        "smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio",
+        "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",
+    ]  # fmt: skip
+    units = ["", "", "ns", "byte", "%", "register/thread", "byte", "byte", "block", "block", "",
+             "%", "%", "", "", "", ""]  # fmt: skip
+    values = ["0", "_decode_piece_kernel(int *, float)", "20,000", "60000000", "71.5", "92",
+              "36864", "0", "5", "3", "2048", "38.2", "37.5", "9.25", "0.5", "12",
+              "1.25"]  # fmt: skip
+    text = "\n".join(
+        ["==PROF== Connected to process 1", *(",".join(f'"{c}"' for c in r) for r in
+         (names, units, values)), "==PROF== Disconnected from process 1"]
+    )  # fmt: skip
+    [launch] = parse_raw_csv(text)
+    assert launch.kernel == "_decode_piece_kernel"
+    # not_selected is a warp that could issue but another did: not a wait, so left out
+    assert launch.stalls() == [("long_scoreboard", 9.25), ("wait", 1.25), ("barrier", 0.5)]
+    cells = [c.strip() for c in row(129, 245, "page loop", launch).strip("|").split("|")]
+    assert cells == [
+        "129", "245", "page loop", "_decode_piece_kernel", "2048", "20.0", "3.00", "72", "92",
+        "36.0", "3", "38", "38", "long scoreboard 9.2, wait 1.2, barrier 0.5",
+    ]  # fmt: skip

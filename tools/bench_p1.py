@@ -21,6 +21,8 @@ engine before and after the project and beside the official one, and where the t
     python tools/bench_p1.py matmuls        # the decode steps' matrix products, cuBLAS(Lt)
     python tools/bench_p1.py split-k        # o and down split over K, in Triton, vs cuBLAS
     python tools/bench_p1.py compiled       # the decode kernel as compiled for Hopper (no GPU)
+    python tools/bench_p1.py counters [--set loop] [--steps 129,577]
+                                            # ... under Nsight Compute: what its warps wait on
 
 **limit.** A lower bound on the time of the workload on one H200, from three facts of the
 hardware and the shapes alone: a prefill is bound by arithmetic (two FLOPs per weight per
@@ -1107,6 +1109,56 @@ DECODE_KERNEL_SETS = {
 }
 
 
+DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM, DECODE_PAGE = 16, 8, 128, 256  # Qwen3-0.6B
+
+
+def decode_buffers(shapes: List[Tuple[int, List[int]]]):
+    """A bfloat16 cache of random keys and values large enough for every step of `shapes`, a
+    FlashInfer workspace, and the generator the steps' queries come from."""
+    import torch
+
+    slots_max = max(sum(c) for _, c in shapes) + DECODE_PAGE * 256
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cache = torch.randn(
+        2, slots_max, DECODE_KV_HEADS, DECODE_HEAD_DIM, generator=gen, device="cuda"
+    ).bfloat16()
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    return cache, workspace, gen
+
+
+def decode_step_calls(
+    step: int, contexts: List[int], cache, workspace, gen, kernels: Dict[str, Dict]
+) -> Tuple["torch.Tensor", Dict[str, Tuple[Callable[[], "torch.Tensor"], List[int]]]]:
+    """One decode step of the run, requests of `contexts` keys: its queries, and for each
+    kernel (FlashInfer's two orders, then `kernels`' Triton settings) the call and the rows of
+    the queries it answers. Each request's slots are whole pages of 256, the pages in a random
+    order, as the allocator leaves them."""
+    import torch
+
+    from minisgl.kernel.triton.decode_attention import decode_attention_triton
+
+    batch, page = len(contexts), DECODE_PAGE
+    q = torch.randn(batch, DECODE_HEADS, DECODE_HEAD_DIM, generator=gen, device="cuda").bfloat16()
+    pages = [(n + page - 1) // page for n in contexts]
+    order = torch.randperm(sum(pages), generator=torch.Generator().manual_seed(step))
+    slots = [(own[:, None] * page + torch.arange(page)).view(-1)[:n]
+             for own, n in zip(order.split(pages), contexts)]  # fmt: skip
+    longest = sorted(range(batch), key=lambda r: -contexts[r])
+    indptr = torch.tensor([0] + contexts).cumsum(0).to(torch.int32).cuda()
+    indices = torch.cat(slots).to(torch.int32).cuda()
+    calls = {
+        "FlashInfer (now)": flashinfer_decode(workspace, q, cache, contexts, slots, None),
+        "FlashInfer, longest first": flashinfer_decode(
+            workspace, q, cache, contexts, slots, longest
+        ),
+    }
+    for label, settings in kernels.items():
+        calls[label] = (functools.partial(
+            decode_attention_triton, q, cache[0], cache[1], indptr, indices, **settings
+        ), list(range(batch)))  # fmt: skip
+    return q, calls
+
+
 def decode_kernels(out: Path, every: int = 64, kernel_set: str = "options") -> None:
     """The decode attention at the shapes of the run's decode steps, by FlashInfer's decode
     kernel (as the engine calls it: the CUDA-graph wrapper, the requests in the batch's order,
@@ -1116,16 +1168,11 @@ def decode_kernels(out: Path, every: int = 64, kernel_set: str = "options") -> N
     between interpolated)."""
     import torch
 
-    from minisgl.kernel.triton.decode_attention import decode_attention_triton
     from tools.bench_kernels import gpu_microseconds as graph_microseconds
 
-    heads, kv_heads, head_dim, layers, page = 16, 8, 128, 28, 256
+    kv_heads, head_dim, layers = DECODE_KV_HEADS, DECODE_HEAD_DIM, 28
     shapes = list(run_decode_shapes(every))
-    slots_max = max(sum(c) for _, c in shapes) + page * 256
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    cache = torch.randn(2, slots_max, kv_heads, head_dim, generator=gen, device="cuda")
-    cache = cache.bfloat16()
-    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    cache, workspace, gen = decode_buffers(shapes)
     kernels = DECODE_KERNEL_SETS[kernel_set]
     labels = ["FlashInfer (now)", "FlashInfer, longest first", *kernels.kernels]
     times: Dict[str, List[float]] = {label: [] for label in labels}
@@ -1136,26 +1183,7 @@ def decode_kernels(out: Path, every: int = 64, kernel_set: str = "options") -> N
     ]
     for step, contexts in shapes:
         batch, total = len(contexts), sum(contexts)
-        q = torch.randn(batch, heads, head_dim, generator=gen, device="cuda").bfloat16()
-        # each request's slots: whole pages of 256, pages in a random order (as allocated)
-        pages = [(n + page - 1) // page for n in contexts]
-        order = torch.randperm(sum(pages), generator=torch.Generator().manual_seed(step))
-        slots = [(own[:, None] * page + torch.arange(page)).view(-1)[:n]
-                 for own, n in zip(order.split(pages), contexts)]  # fmt: skip
-        longest = sorted(range(batch), key=lambda r: -contexts[r])
-
-        indptr = torch.tensor([0] + contexts).cumsum(0).to(torch.int32).cuda()
-        indices = torch.cat(slots).to(torch.int32).cuda()
-        calls = {
-            "FlashInfer (now)": flashinfer_decode(workspace, q, cache, contexts, slots, None),
-            "FlashInfer, longest first": flashinfer_decode(
-                workspace, q, cache, contexts, slots, longest
-            ),
-        }
-        for label, settings in kernels.kernels.items():
-            calls[label] = (functools.partial(
-                decode_attention_triton, q, cache[0], cache[1], indptr, indices, **settings
-            ), list(range(batch)))  # fmt: skip
+        q, calls = decode_step_calls(step, contexts, cache, workspace, gen, kernels.kernels)
         reference = torch.empty_like(q)
         reference[calls["FlashInfer (now)"][1]] = calls["FlashInfer (now)"][0]()
         cells = []
@@ -1355,6 +1383,7 @@ def main() -> None:
             "matmuls",
             "split-k",
             "compiled",
+            "counters",
         ],
     )
     parser.add_argument("--before", default="22", help="the chapter before the project")
@@ -1363,13 +1392,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--official", type=Path, help="a folder holding upstream's minisgl")
     parser.add_argument("--official-site", type=Path, help="packages first on upstream's path")
-    parser.add_argument("--only", help="profile: these engines' labels, comma-separated")
+    parser.add_argument(
+        "--only", help="profile: these engines' labels, comma-separated; counters: these "
+        "kernels' labels, separated by ';'"
+    )  # fmt: skip
     parser.add_argument("--from-json", type=Path, help="profile: redo the tables from this")
     parser.add_argument("--out", type=Path)
     parser.add_argument(
-        "--set", dest="kernel_set", choices=DECODE_KERNEL_SETS, default="options",
-        help="decode-kernels: the Triton kernel's settings to run",
+        "--set", dest="kernel_set", choices=DECODE_KERNEL_SETS,
+        help="decode-kernels (default options), counters (default loop): the Triton kernel's "
+        "settings to run",
     )  # fmt: skip
+    parser.add_argument("--steps", help="counters: the run's decode steps (default 129,577)")
     parser.add_argument(
         "--variant", action="append", default=[],
         help='side, profile: also this engine with settings, e.g. '
@@ -1395,7 +1429,8 @@ def main() -> None:
     elif args.what == "norms-rope":
         norms_rope(args.out or NORMS_ROPE_OUT)
     elif args.what == "decode-kernels":
-        decode_kernels(args.out or DECODE_KERNELS_OUT[args.kernel_set], kernel_set=args.kernel_set)
+        kernel_set = args.kernel_set or "options"
+        decode_kernels(args.out or DECODE_KERNELS_OUT[kernel_set], kernel_set=kernel_set)
     elif args.what == "sampler":
         sampler(args.out or SAMPLER_OUT)
     elif args.what == "attention-run":
@@ -1409,6 +1444,13 @@ def main() -> None:
         from tools.compiled_kernel import compiled
 
         compiled(args.out or COMPILED_OUT)
+    elif args.what == "counters":
+        from tools.kernel_counters import OUT as COUNTERS_OUT
+        from tools.kernel_counters import STEPS, counters
+
+        steps = sorted(int(s) for s in args.steps.split(",")) if args.steps else STEPS
+        only = args.only.split(";") if args.only else []
+        counters(args.out or COUNTERS_OUT, args.kernel_set or "loop", steps, only)
     else:
         only = args.only.split(",") if args.only else []
         if args.from_json:  # the tables again, from a run's saved results
