@@ -648,24 +648,24 @@ def test_the_side_table_compares_every_engine_with_the_last() -> None:
 
 
 @pytest.mark.parametrize(
-    "merge_here, equal, page_size, tma, narrow_parts, page_loop",
+    "merge_here, equal, page_size, tma, narrow_parts, page_loop, heads_first",
     [
-        (True, False, 1, False, False, False),
-        (False, False, 1, False, False, False),
-        (False, False, 1, False, True, False),
-        (True, True, 1, False, True, False),
-        (False, False, 32, False, False, False),
-        (True, True, 32, False, False, False),
-        (False, False, 32, True, False, False),
-        (True, True, 32, True, False, False),
-        (False, False, 32, False, False, True),
-        (True, True, 32, False, True, True),
-        (False, False, 32, True, False, True),
+        (True, False, 1, False, False, False, False),
+        (False, False, 1, False, False, False, False),
+        (False, False, 1, False, True, False, False),
+        (True, True, 1, False, True, False, True),
+        (False, False, 32, False, False, False, False),
+        (True, True, 32, False, False, False, False),
+        (False, False, 32, True, False, False, False),
+        (True, True, 32, True, False, False, True),
+        (False, False, 32, False, False, True, True),
+        (True, True, 32, False, True, True, False),
+        (False, False, 32, True, False, True, False),
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
-    monkeypatch, dtype, merge_here, equal, page_size, tma, narrow_parts, page_loop
+    monkeypatch, dtype, merge_here, equal, page_size, tma, narrow_parts, page_loop, heads_first
 ) -> None:
     """The Triton decode kernel (chunks of at least 16 keys, at most 4 per request and head,
     merged by the last piece to finish or by a second kernel; pieces of equal size or a
@@ -676,7 +676,8 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
     kernel then reads one index per 16 keys, and with TMA whole tiles; the cache's unused
     slots hold NaN, which must not reach the output; with the page loop, an index per page,
     pieces that start and end inside a page included). The pieces' results are kept in
-    float32 or in the output's dtype. The kernel's new buffers start as NaN, so an output row left
+    float32 or in the output's dtype. The grid's first axis is the request or (heads_first) the
+    key/value head. The kernel's new buffers start as NaN, so an output row left
     unwritten, or a merge that reads a piece never written (requests of one piece write their
     output and skip the merge), would show. The counters of finished pieces end at zero."""
     from minisgl.kernel.triton import decode_attention
@@ -713,7 +714,7 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
     out = decode_attention_triton(
         q, k, v, indptr, indices, splits=4, chunk=16, block_n=16, merge_here=merge_here,
         equal=equal, page_size=page_size, tma=tma, narrow_parts=narrow_parts,
-        page_loop=page_loop,
+        page_loop=page_loop, heads_first=heads_first,
     )  # fmt: skip
     monkeypatch.undo()
     assert not decode_attention._COUNTERS[q.device].any()

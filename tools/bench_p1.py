@@ -1099,12 +1099,16 @@ DECODE_KERNEL_SETS = {
             "page loop, 32 keys a load, 4 stages": dict(
                 PAGE_RUNS, page_loop=True, block_n=32, num_stages=4
             ),
+            "heads first": dict(PAGE_RUNS, heads_first=True),
+            "page loop, heads first": dict(PAGE_RUNS, page_loop=True, heads_first=True),
         },
         "Triton: each request's keys in at most 8 pieces per key/value head of at least 256 keys, "
         "64 loaded at a time, 4 warps, 3 stages, two kernels, one index per 64 keys (page runs), "
         "unless the label says otherwise; page loop: one index per page of 256 keys, read before "
         "a loop over the page's loads (compiled, 3 stages keep 2 loads of keys and of values in "
-        "shared memory, 4 stages 3, 2 stages 1; 32 keys a load halves each buffer)",
+        "shared memory, 4 stages 3, 2 stages 1; 32 keys a load halves each buffer); heads first: "
+        "the grid's first axis is the key/value head, so that programs started side by side read "
+        "the heads of the same requests",
     ),
 }
 

@@ -166,9 +166,12 @@ def _decode_piece_kernel(
     TMA: tl.constexpr,  # (with PAGE_RUNS) the keys and values by the GPU's bulk copies
     PAGE_LOOP: tl.constexpr,  # (with PAGE_RUNS) a loop over pages, one index read per page
     PAGE_SIZE: tl.constexpr,  # slots per page (PAGE_LOOP)
+    HEADS_FIRST: tl.constexpr,  # the grid is (kv_heads, requests, SPLITS), not (requests, ...)
 ):
-    request = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    if HEADS_FIRST:  # the programs launched one after another read one token's heads in turn
+        request, kv_head, kv_heads = tl.program_id(1), tl.program_id(0), tl.num_programs(0)
+    else:
+        request, kv_head, kv_heads = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     split = tl.program_id(2)
     first = tl.load(indptr_ptr + request)
     end = tl.load(indptr_ptr + request + 1)
@@ -203,7 +206,7 @@ def _decode_piece_kernel(
                 TMA, PAGE_RUNS,
             )  # fmt: skip
         pieces = tl.cdiv(end - first, size)
-        row = (request * (GROUP * tl.num_programs(1)) + heads) * SPLITS + split
+        row = (request * (GROUP * kv_heads) + heads) * SPLITS + split
         out = out_ptr + request * out_stride_r + heads[:, None] * out_stride_h + dims[None, :]
         if pieces == 1:  # the whole request: nothing to merge
             tl.store(
@@ -219,7 +222,7 @@ def _decode_piece_kernel(
             if MERGE_HERE:
                 # every thread's stores before the count; the last piece counted merges all
                 tl.debug_barrier()
-                counter = counter_ptr + request * tl.num_programs(1) + kv_head
+                counter = counter_ptr + request * kv_heads + kv_head
                 finished = tl.atomic_add(counter, 1, sem="acq_rel")
                 if finished == pieces - 1:
                     tl.atomic_xchg(counter, 0)  # zero again for the next call
@@ -325,6 +328,7 @@ def piece_constants(
     page_size: int,
     tma: bool,
     page_loop: bool,
+    heads_first: bool = False,
 ) -> Dict[str, object]:
     """The compile-time arguments of `_decode_piece_kernel` for these settings (what
     decode_attention_triton launches it with, and tools/compiled_kernel.py compiles)."""
@@ -343,6 +347,7 @@ def piece_constants(
         TMA=tma,
         PAGE_LOOP=page_loop and page_runs,
         PAGE_SIZE=page_size if page_loop and page_runs else 1,
+        HEADS_FIRST=heads_first,
     )
 
 
@@ -364,6 +369,7 @@ def decode_attention_triton(
     tma: bool = False,
     narrow_parts: bool = False,
     page_loop: bool = False,
+    heads_first: bool = False,
 ) -> torch.Tensor:
     """One decode step's attention: q [batch, q_heads, head_dim], the caches [slots, kv_heads,
     head_dim], request r's keys at slots indices[indptr[r]:indptr[r + 1]]. Each request's keys
@@ -375,7 +381,9 @@ def decode_attention_triton(
     The pieces' results are kept in float32 for the merge, or in q's dtype (`narrow_parts`).
     `page_loop` (where each load takes one index): a loop over the piece's pages, whose index is
     read once per page, around a loop over its loads that reads no index, so that Triton's
-    pipeliner may keep more than one load of keys in flight.
+    pipeliner may keep more than one load of keys in flight. `heads_first`: the grid's first
+    axis is the key/value head, so that the programs the GPU starts side by side read the heads
+    of the same requests, neighbours in the cache's rows, rather than one head of many requests.
     Returns [batch, q_heads, head_dim] in q's dtype."""
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
@@ -394,7 +402,8 @@ def decode_attention_triton(
         return out
     counters = _zeroed_counters(q.device, batch * kv_heads)
     keys, values = (_tile_source(c, block_n) if tma else c for c in (k_cache, v_cache))
-    _decode_piece_kernel[(batch, kv_heads, splits)](
+    grid = (kv_heads, batch, splits) if heads_first else (batch, kv_heads, splits)
+    _decode_piece_kernel[grid](
         q,
         keys,
         values,
@@ -424,6 +433,7 @@ def decode_attention_triton(
             page_size=page_size,
             tma=tma,
             page_loop=page_loop,
+            heads_first=heads_first,
         ),  # fmt: skip
         num_warps=num_warps,
         num_stages=num_stages,
