@@ -904,3 +904,40 @@ def test_ncus_raw_csv_becomes_a_row_with_the_largest_stalls_first() -> None:
         "129", "245", "page loop", "_decode_piece_kernel", "2048", "20.0", "3.00", "72", "92",
         "36.0", "3", "38", "38", "long scoreboard 9.2, wait 1.2, barrier 0.5",
     ]  # fmt: skip
+
+
+def test_counters_profiles_each_kernel_and_step_in_a_process_of_its_own(
+    tmp_path, monkeypatch
+) -> None:
+    """`bench_p1.py counters` with a stand-in for ncu that prints one launch in ncu's raw CSV
+    (named after the step it was asked for) and fails for one kernel at one step: a row per
+    launch, by step, and the failure named under the table."""
+    from tools import kernel_counters
+
+    fake = tmp_path / "ncu"
+    fake.write_text(
+        "#!/bin/bash\n"
+        '[ "$1" = --version ] && { echo "NVIDIA (R) Nsight Compute Command Line Profiler"; '
+        'echo "Version 2099.1"; exit 0; }\n'
+        'args="$*"; step="${args##*--steps }"\n'
+        'case "$args" in *"--label page loop "*) [ "$step" = 577 ] && exit 3;; esac\n'
+        'echo "==PROF== Connected"\n'
+        'echo \'"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum"\'\n'
+        'echo \'"","","ns","byte"\'\n'
+        'echo "\\"0\\",\\"kernel_$step(int)\\",\\"1000\\",\\"2000000\\""\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(kernel_counters, "find_ncu", lambda: str(fake))
+    out = tmp_path / "counters.md"
+    kernel_counters.counters(out, "loop", [577, 129], ["FlashInfer (now)", "page loop"])
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 1") or
+            line.startswith("| 5")]  # fmt: skip
+    cells = [[c.strip() for c in line.strip("|").split("|")][:6] for line in rows]
+    assert cells == [
+        ["129", "245", "FlashInfer (now)", "kernel_129", "-", "1.0"],
+        ["129", "245", "page loop", "kernel_129", "-", "1.0"],
+        ["577", "106", "FlashInfer (now)", "kernel_577", "-", "1.0"],
+    ]
+    assert "2.00 |" in rows[0]  # 2 MB in 1 us
+    assert "Not profiled: page loop at step 577: ncu rc 3." in out.read_text()
+    assert "Version 2099.1" in out.read_text()

@@ -7,7 +7,7 @@
 decode steps of the run (by default step 129, the one with the most keys to read, and step
 577, half as many requests of more uneven lengths), each kernel of the chosen set
 (`bench_p1.DECODE_KERNEL_SETS`, the same calls `decode-kernels` times) and FlashInfer's runs
-once under `ncu`, each set of settings in its own process, only the measured call profiled
+once under `ncu`, each kernel and step in its own process, only the measured call profiled
 (`--profile-from-start off`, the call between `cudaProfilerStart` and `cudaProfilerStop`,
 after a call that compiles it). The clocks are left as the GPU sets them (`--clock-control
 none`); ncu empties the caches before each pass, so every kernel starts from cold L2.
@@ -193,7 +193,15 @@ def run_in_group(command: List[str], timeout: float) -> tuple[int, str, str]:
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         stderr += f"\nstopped after {timeout:.0f} s"
+    finally:  # this process stopped (Ctrl-C, or SIGTERM from a `timeout`): so does the group
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     return proc.returncode, stdout, stderr
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def write_table(out: Path, rows: List[str], failures: List[str], notes: str) -> None:
@@ -205,7 +213,7 @@ def write_table(out: Path, rows: List[str], failures: List[str], notes: str) -> 
     out.write_text(
         "\n".join([HEADER, *ordered]) + "\n\nOne launch of each kernel under Nsight Compute "
         f"({notes}), at decode steps of the run, caches cold.{failed} "
-        f"One {torch.cuda.get_device_name()}.\n"
+        f"One {torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU, no GPU'}.\n"
     )
 
 
@@ -217,6 +225,7 @@ def counters(
     from tools.bench_p1 import DECODE_KERNEL_SETS, run_decode_shapes
 
     steps = sorted(steps)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that run_in_group's finally runs
     ncu = find_ncu()
     if ncu is None:
         raise SystemExit("counters needs Nsight Compute's ncu (not on the PATH nor in /opt/nvidia)")
@@ -234,25 +243,24 @@ def counters(
     rows: List[str] = []
     failures: List[str] = []
     for label in labels:
-        command = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--csv",
-                   "--page", "raw", "--print-units", "base"]  # fmt: skip
-        command += ["--metrics", ",".join(METRICS)]
-        for section in SECTIONS:
-            command += ["--section", section]
-        command += [sys.executable, str(Path(__file__).resolve()), "--child", "--set", kernel_set,
-                    "--label", label, "--steps", ",".join(map(str, steps))]  # fmt: skip
-        returncode, stdout, stderr = run_in_group(command, timeout=300)
-        launches = parse_raw_csv(stdout)
-        if returncode != 0 or not launches:
-            failures.append(f"{label}: ncu rc {returncode}")
-            print(f"ncu for {label!r} failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
-            continue
-        per_step = max(len(launches) // len(steps), 1)
-        for i, launch in enumerate(launches):
-            step = steps[min(i // per_step, len(steps) - 1)]
-            rows.append(row(step, batches[step], label, launch))
-            print(rows[-1], flush=True)
-        write_table(out, rows, failures, f"{version}, {DECODE_KERNEL_SETS[kernel_set].notes}")
+        for step in steps:  # a process each: FlashInfer may launch more kernels at one step
+            command = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--csv",
+                       "--page", "raw", "--print-units", "base"]  # fmt: skip
+            command += ["--metrics", ",".join(METRICS)]
+            for section in SECTIONS:
+                command += ["--section", section]
+            command += [sys.executable, str(Path(__file__).resolve()), "--child", "--set",
+                        kernel_set, "--label", label, "--steps", str(step)]  # fmt: skip
+            returncode, stdout, stderr = run_in_group(command, timeout=300)
+            launches = parse_raw_csv(stdout)
+            if returncode != 0 or not launches:
+                failures.append(f"{label} at step {step}: ncu rc {returncode}")
+                print(f"ncu for {label!r} failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+                continue
+            for launch in launches:
+                rows.append(row(step, batches[step], label, launch))
+                print(rows[-1], flush=True)
+            write_table(out, rows, failures, f"{version}, {DECODE_KERNEL_SETS[kernel_set].notes}")
     write_table(out, rows, failures, f"{version}, {DECODE_KERNEL_SETS[kernel_set].notes}")
     if not rows:
         raise SystemExit(f"ncu profiled nothing: {'; '.join(failures)}")
