@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tools import supervise  # noqa: E402
+
 OUT = ROOT / "docs" / "data" / "p1-decode-counters.md"
 STEPS = (129, 577)  # the step with the most keys to read; a later one, fewer and more uneven
 SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats", "Occupancy", "WarpStateStats")
@@ -180,28 +182,8 @@ def child(kernel_set: str, label: str, steps: Sequence[int]) -> None:
         torch.cuda.profiler.stop()
 
 
-def run_in_group(command: List[str], timeout: float) -> tuple[int, str, str]:
-    """Run `command` in a process group of its own and stop the whole group if it outlives
-    `timeout` (ncu starts the profiled program as its own child)."""
-    proc = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        stderr += f"\nstopped after {timeout:.0f} s"
-    finally:  # this process stopped (Ctrl-C, or SIGTERM from a `timeout`): so does the group
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, stdout, stderr
-
-
 def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    raise SystemExit(128 + signum)  # supervise.run then kills the running ncu's group
 
 
 def write_table(out: Path, rows: List[str], failures: List[str], notes: str) -> None:
@@ -222,10 +204,16 @@ def counters(
 ) -> None:
     """Profile FlashInfer's kernel and every kernel of `kernel_set` (or those of its labels in
     `only`) at `steps`; write the table."""
+    before = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # a `timeout` stops ncu's group too
+    try:
+        _profile(out, kernel_set, sorted(steps), only)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _profile(out: Path, kernel_set: str, steps: List[int], only: Sequence[str]) -> None:
     from tools.bench_p1 import DECODE_KERNEL_SETS, run_decode_shapes
 
-    steps = sorted(steps)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that run_in_group's finally runs
     ncu = find_ncu()
     if ncu is None:
         raise SystemExit("counters needs Nsight Compute's ncu (not on the PATH nor in /opt/nvidia)")
@@ -238,7 +226,7 @@ def counters(
     if unknown:
         raise SystemExit(f"not kernels of the set {kernel_set!r}: {unknown}; it has {labels}")
     labels = [label for label in labels if label in only] if only else labels
-    version = subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout
+    version = subprocess.run([ncu, "--version"], capture_output=True, text=True, timeout=60).stdout
     version = version.strip().splitlines()[-1] if version.strip() else "ncu"
     rows: List[str] = []
     failures: List[str] = []
@@ -251,11 +239,11 @@ def counters(
                 command += ["--section", section]
             command += [sys.executable, str(Path(__file__).resolve()), "--child", "--set",
                         kernel_set, "--label", label, "--steps", str(step)]  # fmt: skip
-            returncode, stdout, stderr = run_in_group(command, timeout=300)
-            launches = parse_raw_csv(stdout)
-            if returncode != 0 or not launches:
-                failures.append(f"{label} at step {step}: ncu rc {returncode}")
-                print(f"ncu for {label!r} failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+            done = supervise.run(command, ROOT, dict(os.environ), timeout=300)
+            launches = parse_raw_csv(done.stdout)
+            if done.returncode != 0 or not launches:
+                failures.append(f"{label} at step {step}: ncu rc {done.returncode}")
+                print(f"ncu for {label!r} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
                 continue
             for launch in launches:
                 rows.append(row(step, batches[step], label, launch))
