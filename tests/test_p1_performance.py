@@ -648,24 +648,27 @@ def test_the_side_table_compares_every_engine_with_the_last() -> None:
 
 
 @pytest.mark.parametrize(
-    "merge_here, equal, page_size, tma, narrow_parts, page_loop, heads_first",
+    "merge_here, equal, page_size, tma, narrow_parts, page_loop, heads_first, kv_layout",
     [
-        (True, False, 1, False, False, False, False),
-        (False, False, 1, False, False, False, False),
-        (False, False, 1, False, True, False, False),
-        (True, True, 1, False, True, False, True),
-        (False, False, 32, False, False, False, False),
-        (True, True, 32, False, False, False, False),
-        (False, False, 32, True, False, False, False),
-        (True, True, 32, True, False, False, True),
-        (False, False, 32, False, False, True, True),
-        (True, True, 32, False, True, True, False),
-        (False, False, 32, True, False, True, False),
+        (True, False, 1, False, False, False, False, "NHD"),
+        (False, False, 1, False, False, False, False, "NHD"),
+        (False, False, 1, False, True, False, False, "NHD"),
+        (True, True, 1, False, True, False, True, "NHD"),
+        (False, False, 32, False, False, False, False, "NHD"),
+        (True, True, 32, False, False, False, False, "NHD"),
+        (False, False, 32, True, False, False, False, "NHD"),
+        (True, True, 32, True, False, False, True, "NHD"),
+        (False, False, 32, False, False, True, True, "NHD"),
+        (True, True, 32, False, True, True, False, "NHD"),
+        (False, False, 32, True, False, True, False, "NHD"),
+        (False, False, 32, False, False, False, False, "HND"),
+        (True, True, 32, False, True, False, True, "HND"),
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
-    monkeypatch, dtype, merge_here, equal, page_size, tma, narrow_parts, page_loop, heads_first
+    monkeypatch, dtype, merge_here, equal, page_size, tma, narrow_parts, page_loop, heads_first,
+    kv_layout,
 ) -> None:
     """The Triton decode kernel (chunks of at least 16 keys, at most 4 per request and head,
     merged by the last piece to finish or by a second kernel; pieces of equal size or a
@@ -677,7 +680,8 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
     slots hold NaN, which must not reach the output; with the page loop, an index per page,
     pieces that start and end inside a page included). The pieces' results are kept in
     float32 or in the output's dtype. The grid's first axis is the request or (heads_first) the
-    key/value head. The kernel's new buffers start as NaN, so an output row left
+    key/value head. The caches are [slots, kv heads, head_dim], or (HND) the same pages as
+    [pages, kv heads, page size, head_dim]. The kernel's new buffers start as NaN, so an output row left
     unwritten, or a merge that reads a piece never written (requests of one piece write their
     output and skip the merge), would show. The counters of finished pieces end at zero."""
     from minisgl.kernel.triton import decode_attention
@@ -711,10 +715,14 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
 
     monkeypatch.setattr(torch.Tensor, "new_empty", nan_filled(torch.Tensor.new_empty))
     monkeypatch.setattr(torch, "empty_like", nan_filled(torch.empty_like))
+    caches = (k, v)
+    if kv_layout == "HND":  # the same slots: page s // 32, token s % 32 in it
+        caches = tuple(c[: 600 // page_size * page_size].view(-1, page_size, kv_heads, head_dim)
+                       .transpose(1, 2).contiguous() for c in caches)  # fmt: skip
     out = decode_attention_triton(
-        q, k, v, indptr, indices, splits=4, chunk=16, block_n=16, merge_here=merge_here,
+        q, *caches, indptr, indices, splits=4, chunk=16, block_n=16, merge_here=merge_here,
         equal=equal, page_size=page_size, tma=tma, narrow_parts=narrow_parts,
-        page_loop=page_loop, heads_first=heads_first,
+        page_loop=page_loop, heads_first=heads_first, kv_layout=kv_layout,
     )  # fmt: skip
     monkeypatch.undo()
     assert not decode_attention._COUNTERS[q.device].any()
@@ -876,7 +884,7 @@ def test_ncus_raw_csv_becomes_a_row_with_the_largest_stalls_first() -> None:
 
     names = [
         "ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum",
-        "dram__throughput.avg.pct_of_peak_sustained_elapsed", "launch__registers_per_thread",
+        "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "launch__registers_per_thread",
         "launch__shared_mem_per_block_dynamic", "launch__shared_mem_per_block_static",
         "launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem",
         "launch__grid_size", "sm__warps_active.avg.pct_of_peak_sustained_active",

@@ -129,6 +129,7 @@ DECODE_KERNELS_OUT = {
     "tma": ROOT / "docs" / "data" / "p1-decode-tma.md",
     "parts": ROOT / "docs" / "data" / "p1-decode-parts.md",
     "loop": ROOT / "docs" / "data" / "p1-decode-loop.md",
+    "layout": ROOT / "docs" / "data" / "p1-decode-layout.md",
 }
 NORMS_ROPE_OUT = ROOT / "docs" / "data" / "p1-norms-rope.md"
 SAMPLER_OUT = ROOT / "docs" / "data" / "p1-sampler.md"
@@ -980,18 +981,22 @@ def run_decode_shapes(every: int = 64):
         yield step, [n + step for n, m in zip(prompt_lens, output_lens) if m > step]
 
 
-def flashinfer_decode(workspace, q, cache, contexts: List[int], slots, order: List[int] | None):
+def flashinfer_decode(
+    workspace, q, cache, contexts: List[int], slots, order: List[int] | None, page_size: int = 1
+):
     """FlashInfer's decode through the CUDA-graph wrapper, planned as the engine plans it
     (pages of one slot), for the requests in `order` (all, as given, if None): the call, and
-    the rows of q it answers."""
+    the rows of q it answers. `page_size` > 1: `cache` is the HND copy of `hnd_cache`, read
+    in its pages of that many slots (each request's slots are whole pages, first to last)."""
     import torch
     from flashinfer import CUDAGraphBatchDecodeWithPagedKVCacheWrapper
 
     requests = list(range(len(contexts))) if order is None else order
     lengths = [contexts[r] for r in requests]
-    batch, total = len(lengths), sum(lengths)
+    pages = [slots[r][::page_size] // page_size for r in requests]
+    batch, total = len(lengths), sum(len(p) for p in pages)
     wrapper = CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
-        workspace, kv_layout="NHD", use_tensor_cores=False,
+        workspace, kv_layout="NHD" if page_size == 1 else "HND", use_tensor_cores=False,
         indptr_buffer=torch.empty(batch + 1, dtype=torch.int32, device="cuda"),
         indices_buffer=torch.empty(total, dtype=torch.int32, device="cuda"),
         last_page_len_buffer=torch.empty(batch, dtype=torch.int32, device="cuda"),
@@ -999,13 +1004,14 @@ def flashinfer_decode(workspace, q, cache, contexts: List[int], slots, order: Li
     wrapper._backend = "fa2"  # as the engine's (chapter 18)
     heads, head_dim = q.shape[1:]
     wrapper.plan(
-        indptr=torch.tensor([0] + lengths).cumsum(0).to(torch.int32),
-        indices=torch.cat([slots[r] for r in requests]).to(torch.int32).cuda(),
-        last_page_len=torch.ones(batch, dtype=torch.int32), num_qo_heads=heads,
-        num_kv_heads=cache.shape[2], head_dim=head_dim, page_size=1,
-        q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+        indptr=torch.tensor([0] + [len(p) for p in pages]).cumsum(0).to(torch.int32),
+        indices=torch.cat(pages).to(torch.int32).cuda(),
+        last_page_len=torch.tensor([(n - 1) % page_size + 1 for n in lengths], dtype=torch.int32),
+        num_qo_heads=heads, num_kv_heads=cache[0].shape[-3 if page_size > 1 else -2],
+        head_dim=head_dim, page_size=page_size, q_data_type=torch.bfloat16,
+        kv_data_type=torch.bfloat16,
     )  # fmt: skip
-    kv = (cache[0].unsqueeze(1), cache[1].unsqueeze(1))
+    kv = (cache[0], cache[1]) if page_size > 1 else (cache[0].unsqueeze(1), cache[1].unsqueeze(1))
     return functools.partial(wrapper.run, q[requests], kv), requests
 
 
@@ -1110,10 +1116,44 @@ DECODE_KERNEL_SETS = {
         "the grid's first axis is the key/value head, so that programs started side by side read "
         "the heads of the same requests",
     ),
+    # the cache's layout: a page's keys token by token (NHD, the engine's), or head by head
+    # (HND: one head's keys of a page are one block of memory) (docs/data/p1-decode-layout.md)
+    "layout": DecodeKernels(
+        {
+            "FlashInfer, HND pages": dict(flashinfer=True, kv_layout="HND"),
+            "page runs (the engine's)": PAGE_RUNS,
+            "heads first": dict(PAGE_RUNS, heads_first=True),
+            "HND": dict(PAGE_RUNS, kv_layout="HND"),
+            "HND, heads first": dict(PAGE_RUNS, kv_layout="HND", heads_first=True),
+            "HND, 4 stages": dict(PAGE_RUNS, kv_layout="HND", num_stages=4),
+            "HND, 128 keys, 2 stages": dict(
+                PAGE_RUNS, kv_layout="HND", block_n=128, num_stages=2
+            ),
+        },
+        "Triton: each request's keys in at most 8 pieces per key/value head of at least 256 keys, "
+        "64 loaded at a time, 4 warps, 3 stages, two kernels, one index per 64 keys (page runs), "
+        "unless the label says otherwise; heads first: the grid's first axis is the key/value "
+        "head; HND: the same keys and values in a copy of the cache laid out [pages, key/value "
+        "heads, 256 slots, 128], so that one head's keys in a page are 64 KB in one block (the "
+        "engine's cache, NHD, is [slots, key/value heads, 128]); FlashInfer, HND pages: "
+        "FlashInfer's decode kernel reading that copy in its pages of 256",
+    ),
 }
 
 
 DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM, DECODE_PAGE = 16, 8, 128, 256  # Qwen3-0.6B
+_HND_COPIES: Dict[int, "torch.Tensor"] = {}
+
+
+def hnd_cache(cache: "torch.Tensor") -> "torch.Tensor":
+    """The keys and values of `cache` [2, slots, kv heads, head_dim] laid out by page and then
+    by head: [2, pages, kv heads, DECODE_PAGE, head_dim], slot s being token s % DECODE_PAGE of
+    page s // DECODE_PAGE. Made once per cache."""
+    if cache.data_ptr() not in _HND_COPIES:
+        two, slots, heads, dim = cache.shape
+        pages = cache.view(two, slots // DECODE_PAGE, DECODE_PAGE, heads, dim)
+        _HND_COPIES[cache.data_ptr()] = pages.transpose(2, 3).contiguous()
+    return _HND_COPIES[cache.data_ptr()]
 
 
 def decode_buffers(shapes: List[Tuple[int, List[int]]]):
@@ -1121,7 +1161,7 @@ def decode_buffers(shapes: List[Tuple[int, List[int]]]):
     FlashInfer workspace, and the generator the steps' queries come from."""
     import torch
 
-    slots_max = max(sum(c) for _, c in shapes) + DECODE_PAGE * 256
+    slots_max = (max(sum(c) for _, c in shapes) // DECODE_PAGE + 257) * DECODE_PAGE  # whole pages
     gen = torch.Generator(device="cuda").manual_seed(0)
     cache = torch.randn(
         2, slots_max, DECODE_KV_HEADS, DECODE_HEAD_DIM, generator=gen, device="cuda"
@@ -1157,8 +1197,13 @@ def decode_step_calls(
         ),
     }
     for label, settings in kernels.items():
+        settings = dict(settings)
+        source = hnd_cache(cache) if settings.get("kv_layout") == "HND" else cache
+        if settings.pop("flashinfer", False):
+            calls[label] = flashinfer_decode(workspace, q, source, contexts, slots, None, page)
+            continue
         calls[label] = (functools.partial(
-            decode_attention_triton, q, cache[0], cache[1], indptr, indices, **settings
+            decode_attention_triton, q, source[0], source[1], indptr, indices, **settings
         ), list(range(batch)))  # fmt: skip
     return q, calls
 

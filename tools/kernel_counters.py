@@ -48,6 +48,9 @@ from tools import supervise  # noqa: E402
 OUT = ROOT / "docs" / "data" / "p1-decode-counters.md"
 STEPS = (129, 577)  # the step with the most keys to read; a later one, fewer and more uneven
 SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats", "Occupancy", "WarpStateStats")
+# the DRAM's % of its peak, from the SpeedOfLight section, by either of its names
+DRAM_PEAK = ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+             "dram__throughput.avg.pct_of_peak_sustained_elapsed")  # fmt: skip
 METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum")
 FLASHINFER = "FlashInfer (now)"
 STALL = re.compile(r"issue_stalled_(?P<reason>[a-z_]+?)(_per_issue_active)?\.ratio$")
@@ -119,7 +122,7 @@ def programs_per_sm(launch: Launch) -> str:
 
 def row(step: int, batch: int, label: str, launch: Launch) -> str:
     ns, read = launch.number("gpu__time_duration.sum"), launch.number("dram__bytes_read.sum")
-    dram = launch.number("dram__throughput.avg.pct_of_peak_sustained_elapsed")
+    dram = next((value for value in map(launch.number, DRAM_PEAK) if value is not None), None)
     registers = launch.number("launch__registers_per_thread")
     shared = sum(
         launch.number(name) or 0.0
@@ -246,6 +249,9 @@ def _profile(out: Path, kernel_set: str, steps: List[int], only: Sequence[str]) 
                 print(f"ncu for {label!r} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
                 continue
             for launch in launches:
+                if not any(name in launch.metrics for name in DRAM_PEAK):
+                    print("no DRAM % of peak; ncu's DRAM metrics:",
+                          [name for name in launch.metrics if "dram" in name])  # fmt: skip
                 rows.append(row(step, batches[step], label, launch))
                 print(rows[-1], flush=True)
             write_table(out, rows, failures, f"{version}, {DECODE_KERNEL_SETS[kernel_set].notes}")

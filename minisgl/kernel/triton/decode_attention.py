@@ -87,18 +87,24 @@ def _attend(
 
 @triton.jit
 def _attend_loads(
-    q, k_ptr, v_ptr, indices_ptr, start, stop, kv_head, k_stride_t, k_stride_h, v_stride_t,
-    v_stride_h, scale_log2, best, total, acc, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    UPCAST: tl.constexpr, TMA: tl.constexpr, PAGE_RUNS: tl.constexpr,
+    q, k_ptr, v_ptr, indices_ptr, start, stop, kv_head, kv_heads, k_stride_t, k_stride_h,
+    v_stride_t, v_stride_h, scale_log2, best, total, acc, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, PAGE_RUNS: tl.constexpr,
+    HND_PAGE: tl.constexpr,
 ):  # fmt: skip
     """The keys start..stop, BLOCK_N at a time, each load's slots read from `indices`: all
-    of them, or (PAGE_RUNS) the first, which the others follow."""
+    of them, or (PAGE_RUNS) the first, which the others follow. HND_PAGE: the cache is
+    [pages, kv_heads, HND_PAGE, head_dim], so the run's rows follow its first one in the
+    page's block of this head (k_stride_t is then a token's stride inside that block)."""
     for offset in range(start, stop, BLOCK_N):
         keys = offset + tl.arange(0, BLOCK_N)
         key_mask = keys < stop
         if PAGE_RUNS:  # one index, not BLOCK_N: the load no longer waits on a gather
             first_slot = tl.load(indices_ptr + offset)
-            slots = first_slot.to(tl.int64) + tl.arange(0, BLOCK_N)
+            first_row = first_slot.to(tl.int64)
+            if HND_PAGE:  # rows of head_dim values: the page's block, then the run in it
+                first_row = (first_row // HND_PAGE) * (kv_heads * HND_PAGE) + first_row % HND_PAGE
+            slots = first_row + tl.arange(0, BLOCK_N)
         else:
             first_slot = offset  # read only by TMA, which needs PAGE_RUNS
             slots = tl.load(indices_ptr + keys, mask=key_mask, other=0).to(tl.int64)
@@ -167,6 +173,7 @@ def _decode_piece_kernel(
     PAGE_LOOP: tl.constexpr,  # (with PAGE_RUNS) a loop over pages, one index read per page
     PAGE_SIZE: tl.constexpr,  # slots per page (PAGE_LOOP)
     HEADS_FIRST: tl.constexpr,  # the grid is (kv_heads, requests, SPLITS), not (requests, ...)
+    HND_PAGE: tl.constexpr,  # (with PAGE_RUNS) the caches are [pages, kv_heads, HND_PAGE, dim]
 ):
     if HEADS_FIRST:  # the programs launched one after another read one token's heads in turn
         request, kv_head, kv_heads = tl.program_id(1), tl.program_id(0), tl.num_programs(0)
@@ -201,9 +208,9 @@ def _decode_piece_kernel(
             )  # fmt: skip
         else:
             best, total, acc = _attend_loads(
-                q, k_ptr, v_ptr, indices_ptr, start, stop, kv_head, k_stride_t, k_stride_h,
-                v_stride_t, v_stride_h, scale_log2, best, total, acc, BLOCK_N, HEAD_DIM, UPCAST,
-                TMA, PAGE_RUNS,
+                q, k_ptr, v_ptr, indices_ptr, start, stop, kv_head, kv_heads, k_stride_t,
+                k_stride_h, v_stride_t, v_stride_h, scale_log2, best, total, acc, BLOCK_N,
+                HEAD_DIM, UPCAST, TMA, PAGE_RUNS, HND_PAGE,
             )  # fmt: skip
         pieces = tl.cdiv(end - first, size)
         row = (request * (GROUP * kv_heads) + heads) * SPLITS + split
@@ -329,6 +336,7 @@ def piece_constants(
     tma: bool,
     page_loop: bool,
     heads_first: bool = False,
+    kv_layout: str = "NHD",
 ) -> Dict[str, object]:
     """The compile-time arguments of `_decode_piece_kernel` for these settings (what
     decode_attention_triton launches it with, and tools/compiled_kernel.py compiles)."""
@@ -348,6 +356,7 @@ def piece_constants(
         PAGE_LOOP=page_loop and page_runs,
         PAGE_SIZE=page_size if page_loop and page_runs else 1,
         HEADS_FIRST=heads_first,
+        HND_PAGE=page_size if kv_layout == "HND" else 0,
     )
 
 
@@ -370,6 +379,7 @@ def decode_attention_triton(
     narrow_parts: bool = False,
     page_loop: bool = False,
     heads_first: bool = False,
+    kv_layout: str = "NHD",
 ) -> torch.Tensor:
     """One decode step's attention: q [batch, q_heads, head_dim], the caches [slots, kv_heads,
     head_dim], request r's keys at slots indices[indptr[r]:indptr[r + 1]]. Each request's keys
@@ -384,16 +394,24 @@ def decode_attention_triton(
     pipeliner may keep more than one load of keys in flight. `heads_first`: the grid's first
     axis is the key/value head, so that the programs the GPU starts side by side read the heads
     of the same requests, neighbours in the cache's rows, rather than one head of many requests.
-    Returns [batch, q_heads, head_dim] in q's dtype."""
+    `kv_layout` "HND": the caches are [pages, kv_heads, page_size, head_dim] (FlashInfer's name
+    for it), so that the keys of one head in a page are one block of memory; slot s is token
+    s % page_size of page s // page_size. Returns [batch, q_heads, head_dim] in q's dtype."""
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     group = q_heads // kv_heads
     assert group * kv_heads == q_heads and head_dim == triton.next_power_of_2(head_dim)
-    assert k_cache.stride(2) == v_cache.stride(2) == q.stride(2) == 1
+    assert k_cache.stride(-1) == v_cache.stride(-1) == q.stride(2) == 1
     assert chunk % block_n == 0, (chunk, block_n)
     scale = sm_scale if sm_scale is not None else head_dim**-0.5
     page_runs = page_size % block_n == 0
     assert page_runs or not tma, "TMA reads runs of consecutive slots: pages of block_n or more"
+    assert kv_layout in ("NHD", "HND"), kv_layout
+    if kv_layout == "HND":  # a token's row is found from its page's: whole blocks, runs only
+        assert page_runs and not (tma or page_loop), "HND takes one index per load, no TMA"
+        for cache in (k_cache, v_cache):
+            assert cache.shape[1:] == (kv_heads, page_size, head_dim) and cache.is_contiguous()
+    token_axis = 0 if kv_layout == "NHD" else 2  # between slots, or within a page's block
     part_dtype = q.dtype if narrow_parts else torch.float32
     part_o = q.new_empty((batch, q_heads, splits, head_dim), dtype=part_dtype)
     part_lse = q.new_empty((batch, q_heads, splits), dtype=torch.float32)
@@ -416,9 +434,9 @@ def decode_attention_triton(
         scale * math.log2(math.e),
         q.stride(0),
         q.stride(1),
-        k_cache.stride(0),
+        k_cache.stride(token_axis),
         k_cache.stride(1),
-        v_cache.stride(0),
+        v_cache.stride(token_axis),
         v_cache.stride(1),
         out.stride(0),
         out.stride(1),
@@ -434,6 +452,7 @@ def decode_attention_triton(
             tma=tma,
             page_loop=page_loop,
             heads_first=heads_first,
+            kv_layout=kv_layout,
         ),  # fmt: skip
         num_warps=num_warps,
         num_stages=num_stages,
