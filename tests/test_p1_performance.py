@@ -681,9 +681,9 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
     pieces that start and end inside a page included). The pieces' results are kept in
     float32 or in the output's dtype. The grid's first axis is the request or (heads_first) the
     key/value head. The caches are [slots, kv heads, head_dim], or (HND) the same pages as
-    [pages, kv heads, page size, head_dim]. The kernel's new buffers start as NaN, so an output row left
-    unwritten, or a merge that reads a piece never written (requests of one piece write their
-    output and skip the merge), would show. The counters of finished pieces end at zero."""
+    [pages, kv heads, page size, head_dim]. The kernel's new buffers start as NaN, so an output
+    row left unwritten, or a merge that reads a piece never written (requests of one piece write
+    their output and skip the merge), would show. The counters of finished pieces end at zero."""
     from minisgl.kernel.triton import decode_attention
     from minisgl.kernel.triton.decode_attention import decode_attention_triton
 
