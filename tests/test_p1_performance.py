@@ -667,7 +667,15 @@ def test_the_side_table_compares_every_engine_with_the_last() -> None:
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
-    monkeypatch, dtype, merge_here, equal, page_size, tma, narrow_parts, page_loop, heads_first,
+    monkeypatch,
+    dtype,
+    merge_here,
+    equal,
+    page_size,
+    tma,
+    narrow_parts,
+    page_loop,
+    heads_first,  # noqa: E501
     kv_layout,
 ) -> None:
     """The Triton decode kernel (chunks of at least 16 keys, at most 4 per request and head,

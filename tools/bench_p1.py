@@ -1126,9 +1126,7 @@ DECODE_KERNEL_SETS = {
             "HND": dict(PAGE_RUNS, kv_layout="HND"),
             "HND, heads first": dict(PAGE_RUNS, kv_layout="HND", heads_first=True),
             "HND, 4 stages": dict(PAGE_RUNS, kv_layout="HND", num_stages=4),
-            "HND, 128 keys, 2 stages": dict(
-                PAGE_RUNS, kv_layout="HND", block_n=128, num_stages=2
-            ),
+            "HND, 128 keys, 2 stages": dict(PAGE_RUNS, kv_layout="HND", block_n=128, num_stages=2),
         },
         "Triton: each request's keys in at most 8 pieces per key/value head of at least 256 keys, "
         "64 loaded at a time, 4 warps, 3 stages, two kernels, one index per 64 keys (page runs), "
