@@ -663,6 +663,7 @@ def test_the_side_table_compares_every_engine_with_the_last() -> None:
         (False, False, 32, True, False, True, False, "NHD"),
         (False, False, 32, False, False, False, False, "HND"),
         (True, True, 32, False, True, False, True, "HND"),
+        (False, True, 32, True, False, False, False, "HND"),
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1126,6 +1126,8 @@ DECODE_KERNEL_SETS = {
             "HND": dict(PAGE_RUNS, kv_layout="HND"),
             "HND, heads first": dict(PAGE_RUNS, kv_layout="HND", heads_first=True),
             "HND, 4 stages": dict(PAGE_RUNS, kv_layout="HND", num_stages=4),
+            "HND, TMA": dict(PAGE_RUNS, kv_layout="HND", tma=True),
+            "HND, TMA, 4 stages": dict(PAGE_RUNS, kv_layout="HND", tma=True, num_stages=4),
             "HND, 128 keys, 2 stages": dict(PAGE_RUNS, kv_layout="HND", block_n=128, num_stages=2),
         },
         "Triton: each request's keys in at most 8 pieces per key/value head of at least 256 keys, "
@@ -1133,7 +1135,8 @@ DECODE_KERNEL_SETS = {
         "unless the label says otherwise; heads first: the grid's first axis is the key/value "
         "head; HND: the same keys and values in a copy of the cache laid out [pages, key/value "
         "heads, 256 slots, 128], so that one head's keys in a page are 64 KB in one block (the "
-        "engine's cache, NHD, is [slots, key/value heads, 128]); FlashInfer, HND pages: "
+        "engine's cache, NHD, is [slots, key/value heads, 128]); TMA: each load of keys or "
+        "values one bulk copy of a 16 KB block; FlashInfer, HND pages: "
         "FlashInfer's decode kernel reading that copy in its pages of 256",
     ),
 }

@@ -49,14 +49,15 @@ def _piece(
 @triton.jit
 def _attend(
     q, k_ptr, v_ptr, slots, first_slot, key_mask, kv_head, k_stride_t, k_stride_h, v_stride_t,
-    v_stride_h, scale_log2, best, total, acc, HEAD_DIM: tl.constexpr, UPCAST: tl.constexpr,
-    TMA: tl.constexpr,
+    v_stride_h, scale_log2, best, total, acc, tile_column, HEAD_DIM: tl.constexpr,
+    UPCAST: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    """One load of keys and values at `slots` (the first of them at `first_slot`, for TMA)
-    added to the online softmax (`best`, `total`, `acc`) of the query heads `q`."""
+    """One load of keys and values at `slots` added to the online softmax (`best`, `total`,
+    `acc`) of the query heads `q`. TMA: the tile of the descriptors at row `first_slot`,
+    column `tile_column`."""
     dims = tl.arange(0, HEAD_DIM)
     if TMA:  # a whole tile: the keys past the piece's end are read too, and masked below
-        k = k_ptr.load([first_slot, kv_head * HEAD_DIM])
+        k = k_ptr.load([first_slot, tile_column])
     else:
         k = tl.load(
             k_ptr + slots[:, None] * k_stride_t + kv_head * k_stride_h + dims[None, :],
@@ -72,7 +73,7 @@ def _attend(
     weights = tl.exp2(scores - new_best[:, None])
     total = total * shrink + tl.sum(weights, 1)
     if TMA:  # slots past the end may hold anything, NaN too: 0 x NaN would spread
-        v = tl.where(key_mask[:, None], v_ptr.load([first_slot, kv_head * HEAD_DIM]), 0.0)
+        v = tl.where(key_mask[:, None], v_ptr.load([first_slot, tile_column]), 0.0)
     else:
         v = tl.load(
             v_ptr + slots[:, None] * v_stride_t + kv_head * v_stride_h + dims[None, :],
@@ -102,15 +103,19 @@ def _attend_loads(
         if PAGE_RUNS:  # one index, not BLOCK_N: the load no longer waits on a gather
             first_slot = tl.load(indices_ptr + offset)
             first_row = first_slot.to(tl.int64)
+            tile_column = kv_head * HEAD_DIM
             if HND_PAGE:  # rows of head_dim values: the page's block, then the run in it
                 first_row = (first_row // HND_PAGE) * (kv_heads * HND_PAGE) + first_row % HND_PAGE
+                first_slot = (first_row + kv_head * HND_PAGE).to(tl.int32)  # the tile's row
+                tile_column = 0
             slots = first_row + tl.arange(0, BLOCK_N)
         else:
-            first_slot = offset  # read only by TMA, which needs PAGE_RUNS
+            first_slot, tile_column = offset, 0  # read only by TMA, which needs PAGE_RUNS
             slots = tl.load(indices_ptr + keys, mask=key_mask, other=0).to(tl.int64)
         best, total, acc = _attend(
             q, k_ptr, v_ptr, slots, first_slot, key_mask, kv_head, k_stride_t, k_stride_h,
-            v_stride_t, v_stride_h, scale_log2, best, total, acc, HEAD_DIM, UPCAST, TMA,
+            v_stride_t, v_stride_h, scale_log2, best, total, acc, tile_column, HEAD_DIM, UPCAST,
+            TMA,
         )  # fmt: skip
     return best, total, acc
 
@@ -134,7 +139,7 @@ def _attend_pages(
             best, total, acc = _attend(
                 q, k_ptr, v_ptr, run_slot + keys, (run_slot + offset).to(tl.int32),
                 keys < run_stop, kv_head, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
-                scale_log2, best, total, acc, HEAD_DIM, UPCAST, TMA,
+                scale_log2, best, total, acc, kv_head * HEAD_DIM, HEAD_DIM, UPCAST, TMA,
             )  # fmt: skip
     return best, total, acc
 
@@ -317,10 +322,12 @@ def _zeroed_counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 def _tile_source(cache: torch.Tensor, block_n: int) -> TensorDescriptor:
-    """The cache [slots, kv_heads, head_dim] as rows of slots, read in tiles of block_n slots
-    by one head's head_dim."""
-    slots, kv_heads, head_dim = cache.shape
-    return TensorDescriptor.from_tensor(cache.view(slots, kv_heads * head_dim), [block_n, head_dim])
+    """The cache as rows, read in tiles of block_n rows by one head's head_dim: [slots,
+    kv_heads, head_dim] as rows of slots (NHD), [pages, kv_heads, page, head_dim] as rows of
+    one head's token (HND)."""
+    head_dim = cache.shape[-1]
+    rows = cache.view(cache.shape[0], -1) if cache.dim() == 3 else cache.view(-1, head_dim)
+    return TensorDescriptor.from_tensor(rows, [block_n, head_dim])
 
 
 def piece_constants(
@@ -408,7 +415,7 @@ def decode_attention_triton(
     assert page_runs or not tma, "TMA reads runs of consecutive slots: pages of block_n or more"
     assert kv_layout in ("NHD", "HND"), kv_layout
     if kv_layout == "HND":  # a token's row is found from its page's: whole blocks, runs only
-        assert page_runs and not (tma or page_loop), "HND takes one index per load, no TMA"
+        assert page_runs and not page_loop, "HND: one index per load, not per page"
         for cache in (k_cache, v_cache):
             assert cache.shape[1:] == (kv_heads, page_size, head_dim) and cache.is_contiguous()
     token_axis = 0 if kv_layout == "NHD" else 2  # between slots, or within a page's block
