@@ -130,6 +130,7 @@ DECODE_KERNELS_OUT = {
     "parts": ROOT / "docs" / "data" / "p1-decode-parts.md",
     "loop": ROOT / "docs" / "data" / "p1-decode-loop.md",
     "layout": ROOT / "docs" / "data" / "p1-decode-layout.md",
+    "occupancy": ROOT / "docs" / "data" / "p1-decode-occupancy.md",
 }
 NORMS_ROPE_OUT = ROOT / "docs" / "data" / "p1-norms-rope.md"
 SAMPLER_OUT = ROOT / "docs" / "data" / "p1-sampler.md"
@@ -1115,6 +1116,29 @@ DECODE_KERNEL_SETS = {
         "shared memory, 4 stages 3, 2 stages 1; 32 keys a load halves each buffer); heads first: "
         "the grid's first axis is the key/value head, so that programs started side by side read "
         "the heads of the same requests",
+    ),
+    # more programs per SM: the registers a thread may take capped (Triton 3.6 gives the
+    # engine's kernel 104, 4 programs of 4 warps per SM; 96 or fewer fit 5, which its shared
+    # memory also allows) (docs/data/p1-decode-occupancy.md)
+    "occupancy": DecodeKernels(
+        {
+            "page runs (the engine's)": PAGE_RUNS,
+            "heads first": dict(PAGE_RUNS, heads_first=True),
+            "96 registers": dict(PAGE_RUNS, max_registers=96),
+            "80 registers": dict(PAGE_RUNS, max_registers=80),
+            "96 registers, heads first": dict(PAGE_RUNS, max_registers=96, heads_first=True),
+            "32 keys, 80 registers": dict(PAGE_RUNS, block_n=32, max_registers=80),
+            "32 keys, 80 registers, 4 stages": dict(
+                PAGE_RUNS, block_n=32, max_registers=80, num_stages=4
+            ),
+            "page loop, 96 registers": dict(PAGE_RUNS, page_loop=True, max_registers=96),
+        },
+        "Triton: each request's keys in at most 8 pieces per key/value head of at least 256 keys, "
+        "64 loaded at a time, 4 warps, 3 stages, two kernels, one index per 64 keys (page runs), "
+        "as many registers as the compiler takes, unless the label says otherwise; N registers: "
+        "a thread of the pieces' kernel takes at most N (Triton's maxnreg; the compiler spills "
+        "the rest to local memory); heads first: the grid's first axis is the key/value head; "
+        "page loop: one index per page of 256 keys, before a loop over its loads",
     ),
     # the cache's layout: a page's keys token by token (NHD, the engine's), or head by head
     # (HND: one head's keys of a page are one block of memory) (docs/data/p1-decode-layout.md)

@@ -387,6 +387,7 @@ def decode_attention_triton(
     page_loop: bool = False,
     heads_first: bool = False,
     kv_layout: str = "NHD",
+    max_registers: int = 0,
 ) -> torch.Tensor:
     """One decode step's attention: q [batch, q_heads, head_dim], the caches [slots, kv_heads,
     head_dim], request r's keys at slots indices[indptr[r]:indptr[r + 1]]. Each request's keys
@@ -403,7 +404,10 @@ def decode_attention_triton(
     of the same requests, neighbours in the cache's rows, rather than one head of many requests.
     `kv_layout` "HND": the caches are [pages, kv_heads, page_size, head_dim] (FlashInfer's name
     for it), so that the keys of one head in a page are one block of memory; slot s is token
-    s % page_size of page s // page_size. Returns [batch, q_heads, head_dim] in q's dtype."""
+    s % page_size of page s // page_size. `max_registers` (0: as many as the compiler takes)
+    caps the registers of a thread of the pieces' kernel, so that more programs fit on an SM;
+    the compiler spills what does not fit to local memory. Returns [batch, q_heads, head_dim]
+    in q's dtype."""
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     group = q_heads // kv_heads
@@ -463,6 +467,7 @@ def decode_attention_triton(
         ),  # fmt: skip
         num_warps=num_warps,
         num_stages=num_stages,
+        **({"maxnreg": max_registers} if max_registers else {}),
     )
     if merge_here:
         return out
