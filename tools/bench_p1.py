@@ -131,6 +131,7 @@ DECODE_KERNELS_OUT = {
     "loop": ROOT / "docs" / "data" / "p1-decode-loop.md",
     "layout": ROOT / "docs" / "data" / "p1-decode-layout.md",
     "occupancy": ROOT / "docs" / "data" / "p1-decode-occupancy.md",
+    "merge": ROOT / "docs" / "data" / "p1-decode-merge.md",
 }
 NORMS_ROPE_OUT = ROOT / "docs" / "data" / "p1-norms-rope.md"
 SAMPLER_OUT = ROOT / "docs" / "data" / "p1-sampler.md"
@@ -1139,6 +1140,24 @@ DECODE_KERNEL_SETS = {
         "a thread of the pieces' kernel takes at most N (Triton's maxnreg; the compiler spills "
         "the rest to local memory); heads first: the grid's first axis is the key/value head; "
         "page loop: one index per page of 256 keys, before a loop over its loads",
+    ),
+    # the second kernel, which merges each head's pieces: 14 of a layer's 253 us at step 129
+    # on the H100 (docs/data/p1-decode-counters-h100.md) (docs/data/p1-decode-merge.md)
+    "merge": DecodeKernels(
+        {
+            "page runs (the engine's)": PAGE_RUNS,
+            "merge, 1 warp": dict(PAGE_RUNS, merge_warps=1),
+            "merge, 2 warps": dict(PAGE_RUNS, merge_warps=2),
+            "merged in the kernel": dict(PAGE_RUNS, merge_here=True),
+            "heads first": dict(PAGE_RUNS, heads_first=True),
+            "heads first, merge, 1 warp": dict(PAGE_RUNS, heads_first=True, merge_warps=1),
+            "heads first, merge, 2 warps": dict(PAGE_RUNS, heads_first=True, merge_warps=2),
+        },
+        "Triton: each request's keys in at most 8 pieces per key/value head of at least 256 keys, "
+        "64 loaded at a time, 4 warps, 3 stages, one index per 64 keys (page runs), a second "
+        "kernel of 4 warps a program merging each head's pieces, unless the label says "
+        "otherwise; merged in the kernel: the last piece of a request to finish merges; heads "
+        "first: the grid's first axis is the key/value head",
     ),
     # the cache's layout: a page's keys token by token (NHD, the engine's), or head by head
     # (HND: one head's keys of a page are one block of memory) (docs/data/p1-decode-layout.md)

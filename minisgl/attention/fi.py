@@ -59,7 +59,7 @@ FlashInferWrapper = Union[
 TRITON_DECODE_SETTINGS = dict(
     splits=8, chunk=256, block_n=64, num_warps=4, num_stages=3, equal=False, merge_here=False,
     page_runs=True, tma=False, narrow_parts=False, page_loop=False, heads_first=False,
-    max_registers=0,
+    max_registers=0, merge_warps=4,
 )  # fmt: skip
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's advice for its split-K scratch space
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # what a FlashInfer wrapper allocates for its plan

@@ -388,6 +388,7 @@ def decode_attention_triton(
     heads_first: bool = False,
     kv_layout: str = "NHD",
     max_registers: int = 0,
+    merge_warps: int = 4,
 ) -> torch.Tensor:
     """One decode step's attention: q [batch, q_heads, head_dim], the caches [slots, kv_heads,
     head_dim], request r's keys at slots indices[indptr[r]:indptr[r + 1]]. Each request's keys
@@ -406,8 +407,9 @@ def decode_attention_triton(
     for it), so that the keys of one head in a page are one block of memory; slot s is token
     s % page_size of page s // page_size. `max_registers` (0: as many as the compiler takes)
     caps the registers of a thread of the pieces' kernel, so that more programs fit on an SM;
-    the compiler spills what does not fit to local memory. Returns [batch, q_heads, head_dim]
-    in q's dtype."""
+    the compiler spills what does not fit to local memory. `merge_warps`: the warps of a
+    program of the second kernel, which merges one head's pieces. Returns [batch, q_heads,
+    head_dim] in q's dtype."""
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     group = q_heads // kv_heads
@@ -484,5 +486,6 @@ def decode_attention_triton(
         SPLITS=splits,
         EQUAL=equal,
         BLOCK_S=triton.next_power_of_2(splits),
+        num_warps=merge_warps,
     )
     return out
