@@ -1027,6 +1027,19 @@ class DecodeKernels:
 
 PIECES = dict(splits=8, chunk=256, num_stages=3)  # the engine's pieces, an index per key
 PAGE_RUNS = dict(PIECES, page_size=256)  # ... one index per 64 keys (the workload's pages)
+ENGINE = "the engine's"  # a column of every set: the settings the engine runs the kernel with
+
+
+def engine_decode_settings() -> Dict:
+    """The decode kernel's settings in the engine (TRITON_DECODE_SETTINGS of
+    minisgl/attention/fi.py), with the workload's pages of 256 slots."""
+    from minisgl.attention.fi import TRITON_DECODE_SETTINGS
+
+    settings = dict(TRITON_DECODE_SETTINGS)
+    settings["page_size"] = DECODE_PAGE if settings.pop("page_runs") else 1
+    return settings
+
+
 DECODE_KERNEL_SETS = {
     # the options of the merge and of the pieces' sizes (docs/data/p1-decode-kernels-h100.md)
     "options": DecodeKernels(
@@ -1050,7 +1063,7 @@ DECODE_KERNEL_SETS = {
     "settings": DecodeKernels(
         {
             "Triton, an index per key": PIECES,
-            "page runs (the engine's)": PAGE_RUNS,
+            "page runs": PAGE_RUNS,
             "page runs, 128 keys, 2 stages": dict(PAGE_RUNS, num_stages=2, block_n=128),
             "page runs, 8 warps": dict(PAGE_RUNS, num_warps=8),
             "page runs, 4 stages": dict(PAGE_RUNS, num_stages=4),
@@ -1066,7 +1079,7 @@ DECODE_KERNEL_SETS = {
     # the keys and values by the GPU's bulk copies (docs/data/p1-decode-tma.md)
     "tma": DecodeKernels(
         {
-            "page runs (the engine's)": PAGE_RUNS,
+            "page runs": PAGE_RUNS,
             "TMA": dict(PAGE_RUNS, tma=True),
             "TMA, 2 stages": dict(PAGE_RUNS, num_stages=2, tma=True),
             "TMA, 4 stages": dict(PAGE_RUNS, num_stages=4, tma=True),
@@ -1081,7 +1094,7 @@ DECODE_KERNEL_SETS = {
     # the pieces' results for the merge in float32 or bfloat16 (docs/data/p1-decode-parts.md)
     "parts": DecodeKernels(
         {
-            "page runs (the engine's)": PAGE_RUNS,
+            "page runs": PAGE_RUNS,
             "bfloat16 pieces": dict(PAGE_RUNS, narrow_parts=True),
             "merged in the kernel": dict(PAGE_RUNS, merge_here=True),
             "bfloat16 pieces, merged in the kernel": dict(
@@ -1098,7 +1111,7 @@ DECODE_KERNEL_SETS = {
     # that the compiler keeps 2 or 3 loads of keys in flight (docs/data/p1-decode-loop.md)
     "loop": DecodeKernels(
         {
-            "page runs (the engine's)": PAGE_RUNS,
+            "page runs": PAGE_RUNS,
             "page loop": dict(PAGE_RUNS, page_loop=True),
             "page loop, 4 stages": dict(PAGE_RUNS, page_loop=True, num_stages=4),
             "page loop, 2 stages": dict(PAGE_RUNS, page_loop=True, num_stages=2),
@@ -1123,7 +1136,7 @@ DECODE_KERNEL_SETS = {
     # memory also allows) (docs/data/p1-decode-occupancy.md)
     "occupancy": DecodeKernels(
         {
-            "page runs (the engine's)": PAGE_RUNS,
+            "page runs": PAGE_RUNS,
             "heads first": dict(PAGE_RUNS, heads_first=True),
             "96 registers": dict(PAGE_RUNS, max_registers=96),
             "80 registers": dict(PAGE_RUNS, max_registers=80),
@@ -1145,7 +1158,7 @@ DECODE_KERNEL_SETS = {
     # on the H100 (docs/data/p1-decode-counters-h100.md) (docs/data/p1-decode-merge.md)
     "merge": DecodeKernels(
         {
-            "page runs (the engine's)": PAGE_RUNS,
+            "page runs": PAGE_RUNS,
             "merge, 1 warp": dict(PAGE_RUNS, merge_warps=1),
             "merge, 2 warps": dict(PAGE_RUNS, merge_warps=2),
             "merged in the kernel": dict(PAGE_RUNS, merge_here=True),
@@ -1164,7 +1177,7 @@ DECODE_KERNEL_SETS = {
     "layout": DecodeKernels(
         {
             "FlashInfer, HND pages": dict(flashinfer=True, kv_layout="HND"),
-            "page runs (the engine's)": PAGE_RUNS,
+            "page runs": PAGE_RUNS,
             "heads first": dict(PAGE_RUNS, heads_first=True),
             "HND": dict(PAGE_RUNS, kv_layout="HND"),
             "HND, heads first": dict(PAGE_RUNS, kv_layout="HND", heads_first=True),
@@ -1240,7 +1253,7 @@ def decode_step_calls(
             workspace, q, cache, contexts, slots, longest
         ),
     }
-    for label, settings in kernels.items():
+    for label, settings in {ENGINE: engine_decode_settings(), **kernels}.items():
         settings = dict(settings)
         source = hnd_cache(cache) if settings.get("kv_layout") == "HND" else cache
         if settings.pop("flashinfer", False):
@@ -1267,7 +1280,7 @@ def decode_kernels(out: Path, every: int = 64, kernel_set: str = "options") -> N
     shapes = list(run_decode_shapes(every))
     cache, workspace, gen = decode_buffers(shapes)
     kernels = DECODE_KERNEL_SETS[kernel_set]
-    labels = ["FlashInfer (now)", "FlashInfer, longest first", *kernels.kernels]
+    labels = ["FlashInfer (now)", "FlashInfer, longest first", ENGINE, *kernels.kernels]
     times: Dict[str, List[float]] = {label: [] for label in labels}
     worst: Dict[str, float] = {label: 0.0 for label in labels}
     rows = [
@@ -1300,9 +1313,11 @@ def decode_kernels(out: Path, every: int = 64, kernel_set: str = "options") -> N
     rows.append(
         "| largest difference | | | " + " | ".join(f"{worst[k]:.3g}" for k in labels) + " |"
     )
+    engine = ", ".join(f"{k}={v}" for k, v in engine_decode_settings().items())
     out.write_text(
         "\n".join(rows) + "\n\nTB/s of keys and values read, from the GPU time of each kernel "
-        f"replayed in a CUDA graph. {kernels.notes}. One {torch.cuda.get_device_name()}.\n"
+        f"replayed in a CUDA graph. The engine's: its settings ({engine}). {kernels.notes}. "
+        f"One {torch.cuda.get_device_name()}.\n"
     )
     print(out.read_text())
 

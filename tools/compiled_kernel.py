@@ -110,7 +110,7 @@ def compile_pieces(
         GROUP, HEAD_DIM, splits=settings["splits"], chunk=settings["chunk"],
         block_n=settings["block_n"], equal=settings["equal"], merge_here=settings["merge_here"],
         page_size=WORKLOAD_PAGE_SIZE if settings["page_runs"] else 1, tma=settings["tma"],
-        page_loop=settings["page_loop"],
+        page_loop=settings["page_loop"], heads_first=settings["heads_first"],
     )  # fmt: skip
     constants["UPCAST"] = False  # compiled for the GPU, whatever this process interprets
     pointers = dict(

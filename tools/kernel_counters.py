@@ -162,8 +162,10 @@ def child(kernel_set: str, label: str, steps: Sequence[int]) -> None:
 
     from tools.bench_p1 import (
         DECODE_KERNEL_SETS,
+        ENGINE,
         decode_buffers,
         decode_step_calls,
+        engine_decode_settings,
         run_decode_shapes,
     )
 
@@ -171,7 +173,10 @@ def child(kernel_set: str, label: str, steps: Sequence[int]) -> None:
     cache, workspace, gen = decode_buffers(shapes)
     settings = {
         name: value
-        for name, value in DECODE_KERNEL_SETS[kernel_set].kernels.items()
+        for name, value in {
+            ENGINE: engine_decode_settings(),
+            **DECODE_KERNEL_SETS[kernel_set].kernels,
+        }.items()
         if name == label
     }
     for step, contexts in shapes:
@@ -215,7 +220,7 @@ def counters(
 
 
 def _profile(out: Path, kernel_set: str, steps: List[int], only: Sequence[str]) -> None:
-    from tools.bench_p1 import DECODE_KERNEL_SETS, run_decode_shapes
+    from tools.bench_p1 import DECODE_KERNEL_SETS, ENGINE, run_decode_shapes
 
     ncu = find_ncu()
     if ncu is None:
@@ -224,7 +229,7 @@ def _profile(out: Path, kernel_set: str, steps: List[int], only: Sequence[str]) 
     missing = sorted(set(steps) - set(batches))
     if missing:
         raise SystemExit(f"steps {missing} are not decode steps of the run (1 to 1,023)")
-    labels = [FLASHINFER, *DECODE_KERNEL_SETS[kernel_set].kernels]
+    labels = [FLASHINFER, ENGINE, *DECODE_KERNEL_SETS[kernel_set].kernels]
     unknown = sorted(set(only) - set(labels))
     if unknown:
         raise SystemExit(f"not kernels of the set {kernel_set!r}: {unknown}; it has {labels}")

@@ -52,14 +52,15 @@ FlashInferWrapper = Union[
     "BatchPrefillWithPagedKVCacheWrapper", "BatchDecodeWithPagedKVCacheWrapper"
 ]
 
-# measured best on the H200 at the offline workload's shapes (tools/bench_p1.py decode-kernels);
-# page_runs: with pages of block_n slots or more, one index per block_n keys; tma (with page
-# runs): the keys and values by Hopper's bulk copies (slower on the H100); narrow_parts: the
-# pieces' results in the output's dtype for the merge, not in float32 (slower on the H100)
+# measured best at the offline workload's shapes (tools/bench_p1.py decode-kernels): the pieces
+# on the H200; heads_first and merge_warps=1 on the H100 (3.1% on the workload), not yet on the
+# H200. page_runs: with pages of block_n slots or more, one index per block_n keys; tma (with
+# page runs): the keys and values by Hopper's bulk copies (slower on both GPUs); narrow_parts:
+# the pieces' results in the output's dtype for the merge, not in float32 (slower on both)
 TRITON_DECODE_SETTINGS = dict(
     splits=8, chunk=256, block_n=64, num_warps=4, num_stages=3, equal=False, merge_here=False,
-    page_runs=True, tma=False, narrow_parts=False, page_loop=False, heads_first=False,
-    max_registers=0, merge_warps=4,
+    page_runs=True, tma=False, narrow_parts=False, page_loop=False, heads_first=True,
+    max_registers=0, merge_warps=1,
 )  # fmt: skip
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's advice for its split-K scratch space
 INT_WORKSPACE_BYTES = 8 * 1024 * 1024  # what a FlashInfer wrapper allocates for its plan

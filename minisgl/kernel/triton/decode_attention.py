@@ -16,8 +16,9 @@ H100), with its log-sum-exp. The pieces of a request are then merged, each weigh
 lse - the largest), which is what one softmax over the whole row gives: by a second kernel, or
 (merge_here) by the piece that finishes last, which an atomic counter per (request, head)
 tells. A request of one piece has nothing to merge: its program writes the output itself.
-The grid is (requests, key/value heads, SPLITS) whatever the lengths, so a CUDA graph can
-replay it; programs past a request's last piece return at once. On a CPU it runs under
+The grid is (requests, key/value heads, SPLITS), or (heads_first) (key/value heads, requests,
+SPLITS), whatever the lengths, so a CUDA graph can replay it; programs past a request's last
+piece return at once. On a CPU it runs under
 ``TRITON_INTERPRET=1`` (the tests).
 """
 
