@@ -747,6 +747,22 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
             torch.testing.assert_close(out[r].float(), expected, rtol=0, atol=2e-2)
 
 
+def test_the_kernel_tables_column_for_the_engine_is_the_engines_settings() -> None:
+    """`decode-kernels` and `counters` time "the engine's" column with the settings the
+    backend gives the kernel (fi.py's, the workload's pages of 256 where page_runs is on), and
+    every one of them is a parameter of the kernel's function."""
+    import inspect
+
+    from minisgl.attention.fi import TRITON_DECODE_SETTINGS
+    from minisgl.kernel.triton.decode_attention import decode_attention_triton
+
+    settings = bench_p1.engine_decode_settings()
+    assert settings.pop("page_size") == (256 if TRITON_DECODE_SETTINGS["page_runs"] else 1)
+    assert settings == {k: v for k, v in TRITON_DECODE_SETTINGS.items() if k != "page_runs"}
+    parameters = inspect.signature(decode_attention_triton).parameters
+    assert set(settings) | {"page_size"} <= set(parameters)
+
+
 def test_the_decode_kernels_settings_from_the_environment() -> None:
     """MINISGL_TRITON_DECODE_SETTINGS: integers by name; text that is not NAME=VALUE is
     refused (and the setting keeps its default, as every MINISGL_* setting does)."""
