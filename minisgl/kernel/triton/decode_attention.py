@@ -18,8 +18,7 @@ lse - the largest), which is what one softmax over the whole row gives: by a sec
 tells. A request of one piece has nothing to merge: its program writes the output itself.
 The grid is (requests, key/value heads, SPLITS), or (heads_first) (key/value heads, requests,
 SPLITS), whatever the lengths, so a CUDA graph can replay it; programs past a request's last
-piece return at once. On a CPU it runs under
-``TRITON_INTERPRET=1`` (the tests).
+piece return at once. On a CPU it runs under ``TRITON_INTERPRET=1`` (the tests).
 """
 
 from __future__ import annotations
