@@ -676,7 +676,7 @@ def test_the_chunked_decode_kernel_is_softmax_attention_over_each_requests_keys(
     tma,
     narrow_parts,
     page_loop,
-    heads_first,  # noqa: E501
+    heads_first,
     kv_layout,
 ) -> None:
     """The Triton decode kernel (chunks of at least 16 keys, at most 4 per request and head,

@@ -162,21 +162,17 @@ def child(kernel_set: str, label: str, steps: Sequence[int]) -> None:
 
     from tools.bench_p1 import (
         DECODE_KERNEL_SETS,
-        ENGINE,
         decode_buffers,
         decode_step_calls,
-        engine_decode_settings,
         run_decode_shapes,
     )
 
     shapes = [(step, contexts) for step, contexts in run_decode_shapes(1) if step in steps]
     cache, workspace, gen = decode_buffers(shapes)
+    # decode_step_calls makes FlashInfer's calls and the engine's itself; of the set, this one
     settings = {
         name: value
-        for name, value in {
-            ENGINE: engine_decode_settings(),
-            **DECODE_KERNEL_SETS[kernel_set].kernels,
-        }.items()
+        for name, value in DECODE_KERNEL_SETS[kernel_set].kernels.items()
         if name == label
     }
     for step, contexts in shapes:
