@@ -6,6 +6,9 @@
     ENV.FUSED_QK_NORM_ROPE           Qwen3's q/k norms and RoPE in one Triton kernel on a GPU
                                      in 16 bits (project P1); MINISGL_FUSED_QK_NORM_ROPE=0 runs
                                      FlashInfer's three kernels instead
+    ENV.FUSED_KV_STORE               that kernel also stores the layer's new keys and values
+                                     in the KV pool (project P1); MINISGL_FUSED_KV_STORE=0
+                                     leaves the store to the attention backend's kernel
     ENV.TRITON_DECODE                decode attention by the Triton kernel of equal chunks on a
                                      GPU where FlashInfer's plain decode kernel would run
                                      (project P1); MINISGL_TRITON_DECODE=0 runs FlashInfer's
@@ -93,6 +96,7 @@ class EnvClassSingleton:
     DISABLE_OVERLAP_SCHEDULING = EnvBool(False)
     DISABLE_CUSTOM_KERNELS = EnvBool(False)
     FUSED_QK_NORM_ROPE = EnvBool(True)
+    FUSED_KV_STORE = EnvBool(True)
     TRITON_DECODE = EnvBool(True)
     TRITON_DECODE_SETTINGS = EnvSettings()
     GUMBEL_SAMPLING = EnvBool(True)

@@ -525,28 +525,49 @@ def _qkv_case(dtype: torch.dtype, seed: int = 0):
     return qkv, q_norm, k_norm, rope, positions
 
 
-def _attention_inputs(qkv, q_norm, k_norm, rope, positions, fused: bool, monkeypatch):
+# the slots of _qkv_case's 7 tokens in a pool of 6 pages of 4 slots
+POOL_SLOTS = torch.tensor([9, 3, 17, 0, 12, 5, 20], dtype=torch.int32)
+
+
+def _attention_inputs(
+    qkv, q_norm, k_norm, rope, positions, fused: bool, monkeypatch, store: bool = False
+):
     """What AttentionLayer.forward hands the backend (q, k, v), with the fused kernel or
-    with the three steps; the kernel is made to apply on this CPU as it would on a GPU."""
+    with the three steps, and the KV pool after the backend stored what it was handed (as
+    "k_pool" and "v_pool": [24 slots, 3 heads * 32], never-written slots NaN); the kernel is
+    made to apply on this CPU as it would on a GPU, and to store k and v too if `store`."""
+    from minisgl.kernel.store import store_cache_reference
     from minisgl.layers import attention
 
-    seen: Dict[str, torch.Tensor] = {}
+    seen: Dict[str, Any] = {}
+    pool = torch.full((2, 6, 4, 3, 32), float("nan"), dtype=qkv.dtype)
 
     def backend_forward(q, k, v, layer_id, batch):
-        seen.update(q=q.clone(), k=k.clone(), v=v.clone())
+        assert layer_id == 0
+        if k is not None:  # as every backend does: store what the layer handed over
+            store_cache_reference(pool[0].view(24, 3, 32), pool[1].view(24, 3, 32),
+                                  batch.out_loc, k, v)  # fmt: skip
+        seen.update(q=q.clone(), k=None if k is None else k.clone(),
+                    v=None if v is None else v.clone())  # fmt: skip
         return q
 
-    ctx = SimpleNamespace(batch=SimpleNamespace(positions=positions),
-                          attn_backend=SimpleNamespace(forward=backend_forward))  # fmt: skip
+    kv_cache = SimpleNamespace(
+        dtype=qkv.dtype, k_cache=lambda i: pool[0], v_cache=lambda i: pool[1]
+    )
+    ctx = SimpleNamespace(batch=SimpleNamespace(positions=positions, out_loc=POOL_SLOTS),
+                          attn_backend=SimpleNamespace(forward=backend_forward),
+                          kv_cache=kv_cache)  # fmt: skip
     monkeypatch.setattr(attention, "get_global_ctx", lambda: ctx)
     monkeypatch.setattr(attention, "flashinfer_for", lambda x: "kernels" if fused else None)
     monkeypatch.setattr(ENV.FUSED_QK_NORM_ROPE, "value", fused)
+    monkeypatch.setattr(ENV.FUSED_KV_STORE, "value", store)
     layer = attention.AttentionLayer(0, 6, 3, 32, rope, q_norm, k_norm)
     monkeypatch.setattr(layer.q_norm, "forward_inplace",  # the PyTorch code, not FlashInfer's
                         lambda x: x.copy_(attention_norm(x, q_norm)))  # fmt: skip
     monkeypatch.setattr(layer.k_norm, "forward_inplace",
                         lambda x: x.copy_(attention_norm(x, k_norm)))  # fmt: skip
     layer.forward(qkv.clone())
+    seen.update(k_pool=pool[0].view(24, 96), v_pool=pool[1].view(24, 96))
     return seen
 
 
@@ -566,6 +587,68 @@ def test_the_fused_kernel_computes_the_norms_and_rope_of_the_three_steps(monkeyp
     torch.testing.assert_close(one["k"], three["k"], rtol=1e-6, atol=1e-6)
     assert torch.equal(one["v"], three["v"]) and torch.equal(one["v"], case[0][:, -3 * 32 :])
     assert not torch.equal(one["q"].flatten(1), case[0][:, : 6 * 32])  # it did change q
+
+
+def test_the_fused_kernel_stores_what_the_backend_would_have_stored(monkeypatch) -> None:
+    """float32: with the store, the layer hands the backend no k or v, and the pool holds at
+    the batch's slots the keys and values that the three steps and the backend's store put
+    there (to rounding), every other slot untouched; q is the same."""
+    case = _qkv_case(torch.float32, seed=2)
+    three = _attention_inputs(*case, fused=False, monkeypatch=monkeypatch)
+    fused = _attention_inputs(*case, fused=True, monkeypatch=monkeypatch, store=True)
+    assert fused["k"] is None and fused["v"] is None and three["k"] is not None
+    torch.testing.assert_close(fused["q"], three["q"], rtol=1e-6, atol=1e-6)
+    written = torch.zeros(24, dtype=torch.bool)
+    written[POOL_SLOTS.long()] = True
+    for name in ("k_pool", "v_pool"):
+        assert fused[name][~written].isnan().all() and not fused[name][written].isnan().any()
+        torch.testing.assert_close(fused[name], three[name], rtol=1e-6, atol=1e-6, equal_nan=True)
+    assert torch.equal(fused["v_pool"][POOL_SLOTS.long()], case[0][:, -3 * 32 :])
+
+
+def test_in_16_bits_the_stored_keys_are_the_bits_the_kernel_writes_in_place() -> None:
+    """bfloat16: storing from the kernel rounds nothing more: the pool's rows are, bit for bit,
+    what the kernel writes into the qkv output without the store, then copied by the store."""
+    from minisgl.kernel.store import store_cache_reference
+    from minisgl.kernel.triton.qk_norm_rope import KVStore, qk_norm_rope_triton
+    from minisgl.layers.rotary import RotaryEmbedding
+
+    qkv, q_norm, k_norm, _, positions = _qkv_case(torch.bfloat16, seed=3)
+    table = RotaryEmbedding(32, 32, 64, 10000.0)._cos_sin_cache
+    weights = (q_norm.weight, k_norm.weight, 1e-6, positions, table, 32)
+    pools = [torch.zeros(2, 24, 96, dtype=torch.bfloat16) for _ in range(2)]
+    outputs = [qkv.clone() for _ in range(2)]
+    q, k, v = outputs[0].split([6 * 32, 3 * 32, 3 * 32], dim=-1)
+    qk_norm_rope_triton(q, k, *weights)
+    store_cache_reference(pools[0][0], pools[0][1], POOL_SLOTS, k, v)
+    q, k, v = outputs[1].split([6 * 32, 3 * 32, 3 * 32], dim=-1)
+    qk_norm_rope_triton(q, k, *weights, KVStore(pools[1][0], pools[1][1], POOL_SLOTS, v))
+    assert torch.equal(pools[0], pools[1]) and pools[1][:, POOL_SLOTS.long()].ne(0).any(-1).all()
+    assert torch.equal(outputs[0][:, : 6 * 32], outputs[1][:, : 6 * 32])  # the same q
+    assert torch.equal(outputs[1][:, 6 * 32 :], qkv[:, 6 * 32 :])  # k and v left as they were
+
+
+def test_the_fused_store_needs_a_pool_of_the_kernels_dtype(monkeypatch) -> None:
+    """On by default (MINISGL_FUSED_KV_STORE=0 turns it off); a pool in another dtype than the
+    layer's k and v (the kernel writes its own dtype) leaves the store to the backend."""
+    from minisgl.layers import attention
+
+    assert ENV.FUSED_KV_STORE.value is True
+    case = _qkv_case(torch.bfloat16)
+    layer = attention.AttentionLayer(0, 6, 3, 32, case[3], case[1], case[2])
+    v = case[0][:, -3 * 32 :]
+    pool = torch.zeros(2, 6, 4, 3, 32, dtype=torch.bfloat16)
+    ctx = SimpleNamespace(batch=SimpleNamespace(out_loc=POOL_SLOTS), kv_cache=SimpleNamespace(
+        dtype=torch.bfloat16, k_cache=lambda i: pool[0], v_cache=lambda i: pool[1]))  # fmt: skip
+    monkeypatch.setattr(attention, "get_global_ctx", lambda: ctx)
+    store = layer._kv_store(v)
+    assert store is not None and store.k_pool.shape == (24, 96) and store.slots is POOL_SLOTS
+    assert store.k_pool.data_ptr() == pool[0].data_ptr() and store.v is v
+    ctx.kv_cache.dtype = torch.float8_e4m3fn
+    assert layer._kv_store(v) is None
+    ctx.kv_cache.dtype = torch.bfloat16
+    monkeypatch.setattr(ENV.FUSED_KV_STORE, "value", False)
+    assert layer._kv_store(v) is None
 
 
 def test_in_16_bits_the_fused_kernel_rounds_once() -> None:

@@ -15,6 +15,7 @@ engine before and after the project and beside the official one, and where the t
     python tools/bench_p1.py attention      # the decode attention kernel alone
     python tools/bench_p1.py attention-run  # ... at the shapes of the run's decode steps
     python tools/bench_p1.py norms-rope     # the fused q/k norms and RoPE against FlashInfer
+    python tools/bench_p1.py kv-store       # that kernel storing k and v, or the store's kernel
     python tools/bench_p1.py decode-kernels [--set options|settings|tma|parts|loop]
                                             # the book's decode kernel against FlashInfer's
     python tools/bench_p1.py sampler        # the Gumbel-max sampler against FlashInfer's
@@ -69,6 +70,12 @@ counts. First each result is compared with the same arithmetic in float32 (the l
 in bfloat16 steps at 1.0, the size of a normalised value), then
 each is timed as a CUDA graph of 20 calls (a decode step is replayed as a graph: the launches
 cost what they cost there, not what the host pays to issue them).
+
+**kv-store.** The same kernel for one layer of Qwen3-0.6B's shape, in bfloat16, then the
+engine's KV store (two launches), against the kernel storing the keys and values itself (one),
+at decode and prefill token counts, into a pool of 65,536 slots at slots drawn at random: the
+two pools and the two q's are compared byte for byte, then each is timed as a CUDA graph of 20
+calls.
 
 **sampler.** Temperature sampling of a decode batch's bfloat16 logits (Qwen3's 151,936
 tokens, temperature 0.6), as upstream samples (a float32 copy, FlashInfer's softmax, its draw
@@ -134,6 +141,7 @@ DECODE_KERNELS_OUT = {
     "merge": ROOT / "docs" / "data" / "p1-decode-merge.md",
 }
 NORMS_ROPE_OUT = ROOT / "docs" / "data" / "p1-norms-rope.md"
+KV_STORE_OUT = ROOT / "docs" / "data" / "p1-kv-store.md"
 SAMPLER_OUT = ROOT / "docs" / "data" / "p1-sampler.md"
 MATMULS_OUT = ROOT / "docs" / "data" / "p1-matmuls.md"
 SPLIT_K_OUT = ROOT / "docs" / "data" / "p1-split-k.md"
@@ -745,6 +753,93 @@ def norms_rope(out: Path) -> None:
         print(rows[-1], flush=True)
     out.write_text("\n".join(rows) + f"\n\nOne {torch.cuda.get_device_name()}.\n")
     print(out.read_text())
+
+
+def kv_store(out: Path) -> None:
+    import torch
+
+    from minisgl.kernel import store_cache
+    from minisgl.kernel.triton.qk_norm_rope import KVStore, qk_norm_rope_triton
+    from minisgl.layers.rotary import RotaryEmbedding
+    from tools.bench_kernels import gpu_microseconds as graph_microseconds
+
+    heads, kv_heads, head_dim, eps, slots = 16, 8, 128, 1e-6, 65536
+    table = RotaryEmbedding(head_dim, head_dim, 40960, 1e6)._cos_sin_cache.cuda()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weights = [torch.rand(head_dim, generator=gen, device="cuda").bfloat16() + 0.5 for _ in "qk"]
+    rows = [
+        "| tokens | norms and RoPE, then the KV store, us | one kernel storing k and v, us "
+        "| pools and q equal |",
+        "| ---: | ---: | ---: | :---: |",
+    ]
+
+    def split(x: torch.Tensor) -> List[torch.Tensor]:
+        return list(x.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1))
+
+    def two(x: torch.Tensor, pools: torch.Tensor, at: torch.Tensor, positions: torch.Tensor):
+        q, k, v = split(x)
+        qk_norm_rope_triton(q, k, *weights, eps, positions, table, head_dim)
+        shape = (slots, kv_heads, head_dim)
+        store_cache(pools[0].view(shape), pools[1].view(shape), at, k, v)
+
+    def one(x: torch.Tensor, pools: torch.Tensor, at: torch.Tensor, positions: torch.Tensor):
+        q, k, v = split(x)
+        store = KVStore(pools[0], pools[1], at, v)
+        qk_norm_rope_triton(q, k, *weights, eps, positions, table, head_dim, store)
+
+    engine_rows = kv_store_engines()
+    for tokens in (1, 64, 256, 8192):
+        qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen,
+                          device="cuda").bfloat16()  # fmt: skip
+        positions = torch.randint(0, 4096, (tokens,), generator=gen, device="cuda")
+        at = torch.randperm(slots, generator=gen, device="cuda")[:tokens].int()
+        pools = torch.zeros(2, slots, kv_heads * head_dim, device="cuda", dtype=torch.bfloat16)
+        results = []
+        for f in (two, one):
+            x, p = qkv.clone(), pools.clone()
+            f(x, p, at, positions)
+            results.append((split(x)[0], p))
+        equal = all(torch.equal(a, b) for a, b in zip(*results))
+        written = (results[1][1][:, at.long()] != 0).any(-1).all().item()
+        assert equal and written, (equal, written)
+        times = [
+            graph_microseconds(functools.partial(f, qkv.clone(), pools.clone(), at, positions))
+            for f in (two, one)
+        ]
+        rows.append(f"| {tokens} | {times[0]:.1f} | {times[1]:.1f} | yes |")
+        print(rows[-1], flush=True)
+    out.write_text("\n".join(rows) + f"\n\n{engine_rows}One {torch.cuda.get_device_name()}.\n")
+    print(out.read_text())
+
+
+def kv_store_engines() -> str:
+    """The engine on the tiny Qwen3 in bfloat16, greedy, with and without the store in the
+    kernel: its prefills run eagerly, its decode steps in CUDA graphs; the two store the same
+    bits, so every token must be the same."""
+    import torch
+
+    from minisgl.core import SamplingParams
+    from minisgl.env import ENV
+    from minisgl.llm import LLM
+    from tools.models import ensure_model
+
+    model = str(ensure_model("tiny-qwen3"))
+    prompts = [[(7 * i + 3 * j) % 997 + 1 for j in range(5 + 37 * i)] for i in range(8)]
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    tokens: Dict[bool, List[List[int]]] = {}
+    for store in (False, True):
+        ENV.FUSED_KV_STORE.value = store
+        with LLM(model, dtype=torch.bfloat16) as llm:
+            tokens[store] = [list(r["token_ids"]) for r in llm.generate(prompts, params)]  # type: ignore[arg-type]
+    ENV.FUSED_KV_STORE.value = True
+    same = sum(a == b for x, y in zip(tokens[False], tokens[True]) for a, b in zip(x, y))
+    total = sum(len(x) for x in tokens[False])
+    assert tokens[False] == tokens[True] and total == 64 * len(prompts), (same, total)
+    return (
+        f"The engine with and without the store in the kernel (tiny-qwen3, bfloat16, greedy, "
+        f"{len(prompts)} prompts of {len(prompts[0])} to {len(prompts[-1])} tokens): {same} of "
+        f"{total} tokens the same.\n\n"
+    )
 
 
 def chi_square(counts: torch.Tensor, logits: torch.Tensor, temperature: float) -> float:
@@ -1486,6 +1581,7 @@ def main() -> None:
             "attention",
             "attention-run",
             "norms-rope",
+            "kv-store",
             "decode-kernels",
             "sampler",
             "matmuls",
@@ -1536,6 +1632,8 @@ def main() -> None:
         attention(args.out or ATTENTION_OUT)
     elif args.what == "norms-rope":
         norms_rope(args.out or NORMS_ROPE_OUT)
+    elif args.what == "kv-store":
+        kv_store(args.out or KV_STORE_OUT)
     elif args.what == "decode-kernels":
         kernel_set = args.kernel_set or "options"
         decode_kernels(args.out or DECODE_KERNELS_OUT[kernel_set], kernel_set=kernel_set)

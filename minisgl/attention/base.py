@@ -34,9 +34,15 @@ class BaseAttnMetadata(ABC):
 class BaseAttnBackend(ABC):
     @abstractmethod
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer_id: int,
+        batch: Batch,
     ) -> torch.Tensor:
-        """Store k and v at batch.out_loc, then attend: q [tokens, heads, head_dim] -> same."""
+        """Store k and v at batch.out_loc (None: the layer stored them), then attend:
+        q [tokens, heads, head_dim] -> same."""
 
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None: ...
@@ -67,7 +73,12 @@ class HybridBackend(BaseAttnBackend):
         return self.prefill_backend if batch.is_prefill else self.decode_backend
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer_id: int,
+        batch: Batch,
     ) -> torch.Tensor:
         return self._pick(batch).forward(q, k, v, layer_id, batch)
 

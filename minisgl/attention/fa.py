@@ -54,11 +54,17 @@ class FlashAttentionBackend(BaseAttnBackend):
         self.capture_bs: List[int] = []
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer_id: int,
+        batch: Batch,
     ) -> torch.Tensor:
         metadata = batch.attn_metadata
         assert isinstance(metadata, FAMetadata)
-        self.kvcache.store_kv(k, v, batch.out_loc, layer_id)
+        if k is not None and v is not None:  # else the layer stored them (P1)
+            self.kvcache.store_kv(k, v, batch.out_loc, layer_id)
         return _fa_sgl_impl(
             q=q,
             k_cache=self.kvcache.k_cache(layer_id),

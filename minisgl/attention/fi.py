@@ -207,12 +207,18 @@ class FlashInferBackend(BaseAttnBackend):
         )
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer_id: int,
+        batch: Batch,
     ) -> torch.Tensor:
         metadata = batch.attn_metadata
         assert isinstance(metadata, FIMetadata)
         self._initialize_metadata_once(metadata)
-        self.kvcache.store_kv(k, v, batch.out_loc, layer_id)
+        if k is not None and v is not None:  # else the layer stored them (P1)
+            self.kvcache.store_kv(k, v, batch.out_loc, layer_id)
         k_cache, v_cache = self.kvcache.k_cache(layer_id), self.kvcache.v_cache(layer_id)
         if self.triton_decode and _is_decode(metadata.wrapper):
             from minisgl.kernel.triton.decode_attention import decode_attention_triton

@@ -86,11 +86,17 @@ class TorchNativeBackend(BaseAttnBackend):
         )
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer_id: int,
+        batch: Batch,
     ) -> torch.Tensor:
         meta = batch.attn_metadata
         assert isinstance(meta, TorchNativeMetadata)
-        self.kvcache.store_kv(k, v, batch.out_loc, layer_id)
+        if k is not None and v is not None:  # else the layer stored them (P1)
+            self.kvcache.store_kv(k, v, batch.out_loc, layer_id)
         heads = q.shape[1]
         k_all = self.kvcache.k_cache(layer_id).view(-1, *self.kvcache.k_cache(layer_id).shape[2:])
         v_all = self.kvcache.v_cache(layer_id).view(-1, *self.kvcache.v_cache(layer_id).shape[2:])

@@ -11,9 +11,16 @@ whole head, the norm's weight, then the rotation of each pair (x[i], x[i + d/2])
 of the token's position, read from the engine's table [cos | sin] (layers/rotary.py). The sums
 and the rotation are in float32 and the result is rounded once; FlashInfer's two kernels round
 between the norm and the rotation. On a CPU it runs under ``TRITON_INTERPRET=1`` (the tests).
+
+Given the KV pool's rows of this layer (`KVStore`), the program also stores the token's key
+(normalised and rotated) and its value in the pool's row of the token's slot, where the
+attention backend would store them with a launch of its own: one launch fewer per layer. The
+key is then written to the pool only, not back into the qkv output.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -24,6 +31,7 @@ import triton.language as tl
 def _norm_rope_heads(
     x_ptr,
     row_stride,
+    out_row_ptr,  # where the token's result goes: its own row, or its slot's row in the pool
     weight_ptr,
     cos_sin_row_ptr,
     token,
@@ -44,9 +52,10 @@ def _norm_rope_heads(
     second = second * scale * tl.load(weight_ptr + HALF + columns).to(tl.float32)
     cos = tl.load(cos_sin_row_ptr + columns)
     sin = tl.load(cos_sin_row_ptr + HALF + columns)
-    out_dtype = x_ptr.dtype.element_ty
-    tl.store(first_ptr, (first * cos - second * sin).to(out_dtype), mask=mask)
-    tl.store(first_ptr + HALF, (second * cos + first * sin).to(out_dtype), mask=mask)
+    out_first_ptr = out_row_ptr + heads * (2 * HALF) + columns
+    out_dtype = out_row_ptr.dtype.element_ty
+    tl.store(out_first_ptr, (first * cos - second * sin).to(out_dtype), mask=mask)
+    tl.store(out_first_ptr + HALF, (second * cos + first * sin).to(out_dtype), mask=mask)
 
 
 @triton.jit
@@ -61,17 +70,48 @@ def _qk_norm_rope_kernel(
     cos_sin_ptr,
     cos_sin_stride,
     eps,
+    v_ptr,  # the store's arguments: read only when STORE
+    k_pool_ptr,
+    v_pool_ptr,
+    pool_stride,  # elements from one slot's row of the pool to the next
+    slots_ptr,
     NUM_Q_HEADS: tl.constexpr,
     NUM_K_HEADS: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_K: tl.constexpr,
     HALF: tl.constexpr,
+    STORE: tl.constexpr,
 ):
     token = tl.program_id(0)
     position = tl.load(positions_ptr + token).to(tl.int64)
     row = cos_sin_ptr + position * cos_sin_stride
-    _norm_rope_heads(q_ptr, q_stride, q_weight_ptr, row, token, eps, NUM_Q_HEADS, BLOCK_Q, HALF)
-    _norm_rope_heads(k_ptr, k_stride, k_weight_ptr, row, token, eps, NUM_K_HEADS, BLOCK_K, HALF)
+    q_row_ptr = q_ptr + token.to(tl.int64) * q_stride
+    _norm_rope_heads(q_ptr, q_stride, q_row_ptr, q_weight_ptr, row, token, eps,
+                     NUM_Q_HEADS, BLOCK_Q, HALF)  # fmt: skip
+    if STORE:
+        slot = tl.load(slots_ptr + token).to(tl.int64)
+        k_row_ptr = k_pool_ptr + slot * pool_stride
+        # the value as it is, one flat row of NUM_K_HEADS * 2 * HALF elements
+        columns = tl.arange(0, BLOCK_K * 2 * HALF)
+        in_row = columns < NUM_K_HEADS * 2 * HALF
+        value = tl.load(v_ptr + token.to(tl.int64) * k_stride + columns, mask=in_row)
+        tl.store(v_pool_ptr + slot * pool_stride + columns, value, mask=in_row)
+    else:
+        k_row_ptr = k_ptr + token.to(tl.int64) * k_stride
+    _norm_rope_heads(k_ptr, k_stride, k_row_ptr, k_weight_ptr, row, token, eps,
+                     NUM_K_HEADS, BLOCK_K, HALF)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class KVStore:
+    """Where the kernel stores each token's key and value: row slots[t] of k_pool and v_pool
+    (one layer of the KV pool, [slots, kv_heads * head_dim]); v [n, kv_heads * head_dim] is
+    the values, a view of the qkv output like k."""
+
+    k_pool: torch.Tensor
+    v_pool: torch.Tensor
+    slots: torch.Tensor
+    v: torch.Tensor
 
 
 def qk_norm_rope_triton(
@@ -83,18 +123,29 @@ def qk_norm_rope_triton(
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     head_dim: int,
+    store: KVStore | None = None,
 ) -> None:
     """Normalise each head of q [n, q_heads * head_dim] and k [n, k_heads * head_dim] (views
     of the qkv output: rows may be further apart than their width) with its weight, then
-    rotate it by its token's position, in place."""
+    rotate it by its token's position, in place; given `store`, the keys go to the pool
+    instead, and the values with them."""
     n = q.shape[0]
     half = head_dim // 2
     assert half * 2 == head_dim and half == triton.next_power_of_2(half), head_dim
     assert q.stride(1) == k.stride(1) == 1 and k.shape[0] == n == positions.shape[0]
     assert cos_sin_cache.dtype == torch.float32 and cos_sin_cache.shape[1] == head_dim
+    if store is not None:
+        pool_shape = (store.k_pool.shape[0], k.shape[1])
+        assert store.k_pool.shape == store.v_pool.shape == pool_shape, (store.k_pool.shape, k.shape)
+        assert store.k_pool.stride() == store.v_pool.stride() and store.k_pool.stride(1) == 1
+        assert store.v.shape == k.shape and store.v.stride() == k.stride()
+        assert store.k_pool.dtype == store.v_pool.dtype == k.dtype == store.v.dtype
+        assert store.slots.shape == (n,)
     if n == 0:
         return
     q_heads, k_heads = q.shape[1] // head_dim, k.shape[1] // head_dim
+    v, k_pool, v_pool, slots = (k, k, k, positions) if store is None else (
+        store.v, store.k_pool, store.v_pool, store.slots)  # fmt: skip
     _qk_norm_rope_kernel[(n,)](
         q,
         k,
@@ -106,9 +157,15 @@ def qk_norm_rope_triton(
         cos_sin_cache,
         cos_sin_cache.stride(0),
         eps,
+        v,
+        k_pool,
+        v_pool,
+        k_pool.stride(0),
+        slots,
         NUM_Q_HEADS=q_heads,
         NUM_K_HEADS=k_heads,
         BLOCK_Q=triton.next_power_of_2(q_heads),
         BLOCK_K=triton.next_power_of_2(k_heads),
         HALF=half,
+        STORE=store is not None,
     )
