@@ -15,6 +15,9 @@
                                      decode kernel instead
     ENV.TRITON_DECODE_SETTINGS       MINISGL_TRITON_DECODE_SETTINGS="splits=16,chunk=128,..."
                                      changes that kernel's settings (integers; P1's measurements)
+    ENV.TRITON_PDL                   MINISGL_TRITON_PDL=1 launches the norms-and-RoPE kernel
+                                     and the decode attention's kernels by the GPU's
+                                     programmatic dependent launch (project P1)
     ENV.GUMBEL_SAMPLING              temperature sampling without top-k/top-p by the Triton
                                      Gumbel-max kernel on a GPU (project P1);
                                      MINISGL_GUMBEL_SAMPLING=0 samples with FlashInfer instead
@@ -99,6 +102,7 @@ class EnvClassSingleton:
     FUSED_KV_STORE = EnvBool(True)
     TRITON_DECODE = EnvBool(True)
     TRITON_DECODE_SETTINGS = EnvSettings()
+    TRITON_PDL = EnvBool(False)
     GUMBEL_SAMPLING = EnvBool(True)
     # how the shell (python -m minisgl.shell, chapter 15) samples its answers
     SHELL_MAX_TOKENS = EnvInt(2048)

@@ -881,6 +881,26 @@ def test_the_decode_kernel_reads_one_index_per_load_only_with_the_engines_pages(
     assert settings["page_size"] == expected and "page_runs" not in settings
     assert settings["block_n"] == 64 and settings["splits"] == 8
     assert not settings["narrow_parts"]  # float32 pieces: bfloat16 ones were slower on an H100
+    assert settings["pdl"] is False  # MINISGL_TRITON_PDL=1 asks for it
+
+
+def test_programmatic_dependent_launch_is_off_unless_asked(monkeypatch) -> None:
+    """MINISGL_TRITON_PDL=1 gives the decode kernels `pdl` (the norms kernel reads the same
+    switch); a decode setting of that name overrides it, as any other."""
+    from minisgl.attention.fi import FlashInferBackend
+    from minisgl.core import Context, clear_global_ctx, set_global_ctx
+
+    clear_global_ctx()
+    set_global_ctx(Context(page_size=256))
+    try:
+        settings = FlashInferBackend.triton_decode_settings.func
+        assert settings(SimpleNamespace())["pdl"] is False
+        monkeypatch.setattr(ENV.TRITON_PDL, "value", True)
+        assert settings(SimpleNamespace())["pdl"] is True
+        monkeypatch.setattr(ENV, "TRITON_DECODE_SETTINGS", SimpleNamespace(value={"pdl": 0}))
+        assert not settings(SimpleNamespace())["pdl"]
+    finally:
+        clear_global_ctx()
 
 
 def test_options_runs_the_engine_without_each_kernel_and_without_all(tmp_path) -> None:

@@ -16,6 +16,7 @@ engine before and after the project and beside the official one, and where the t
     python tools/bench_p1.py attention-run  # ... at the shapes of the run's decode steps
     python tools/bench_p1.py norms-rope     # the fused q/k norms and RoPE against FlashInfer
     python tools/bench_p1.py kv-store       # that kernel storing k and v, or the store's kernel
+    python tools/bench_p1.py pdl            # a layer's attention, launched early (PDL) or not
     python tools/bench_p1.py decode-kernels [--set options|settings|tma|parts|loop]
                                             # the book's decode kernel against FlashInfer's
     python tools/bench_p1.py sampler        # the Gumbel-max sampler against FlashInfer's
@@ -76,6 +77,13 @@ engine's KV store (two launches), against the kernel storing the keys and values
 at decode and prefill token counts, into a pool of 65,536 slots at slots drawn at random: the
 two pools and the two q's are compared byte for byte, then each is timed as a CUDA graph of 20
 calls.
+
+**pdl.** The attention half of one layer of Qwen3-0.6B's shape in bfloat16, as the engine
+runs it at decode: the q/k/v product, the norms-and-RoPE kernel storing k and v, the decode
+attention's two kernels (the engine's settings, pages of 256), the o product. With
+`MINISGL_TRITON_PDL`'s launches and without, at several batches of 1,024 or 4,096 keys per
+request: first the outputs and pools are compared byte for byte, then each is timed as a
+CUDA graph of 20 calls. Then the engine on the tiny Qwen3, greedy, both ways, token for token.
 
 **sampler.** Temperature sampling of a decode batch's bfloat16 logits (Qwen3's 151,936
 tokens, temperature 0.6), as upstream samples (a float32 copy, FlashInfer's softmax, its draw
@@ -142,6 +150,7 @@ DECODE_KERNELS_OUT = {
 }
 NORMS_ROPE_OUT = ROOT / "docs" / "data" / "p1-norms-rope.md"
 KV_STORE_OUT = ROOT / "docs" / "data" / "p1-kv-store.md"
+PDL_OUT = ROOT / "docs" / "data" / "p1-pdl.md"
 SAMPLER_OUT = ROOT / "docs" / "data" / "p1-sampler.md"
 MATMULS_OUT = ROOT / "docs" / "data" / "p1-matmuls.md"
 SPLIT_K_OUT = ROOT / "docs" / "data" / "p1-split-k.md"
@@ -813,9 +822,13 @@ def kv_store(out: Path) -> None:
 
 
 def kv_store_engines() -> str:
-    """The engine on the tiny Qwen3 in bfloat16, greedy, with and without the store in the
-    kernel: its prefills run eagerly, its decode steps in CUDA graphs; the two store the same
-    bits, so every token must be the same."""
+    return same_tokens_both_ways("FUSED_KV_STORE", "the store in the kernel")
+
+
+def same_tokens_both_ways(switch: str, what: str) -> str:
+    """The engine on the tiny Qwen3 in bfloat16, greedy, with ENV's switch on and off: its
+    prefills run eagerly, its decode steps in CUDA graphs. The switches this is for change
+    how the kernels run, not their arithmetic, so every token must be the same."""
     import torch
 
     from minisgl.core import SamplingParams
@@ -827,19 +840,94 @@ def kv_store_engines() -> str:
     prompts = [[(7 * i + 3 * j) % 997 + 1 for j in range(5 + 37 * i)] for i in range(8)]
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     tokens: Dict[bool, List[List[int]]] = {}
-    for store in (False, True):
-        ENV.FUSED_KV_STORE.value = store
-        with LLM(model, dtype=torch.bfloat16) as llm:
-            tokens[store] = [list(r["token_ids"]) for r in llm.generate(prompts, params)]  # type: ignore[arg-type]
-    ENV.FUSED_KV_STORE.value = True
+    setting = getattr(ENV, switch)
+    default = setting.value
+    try:
+        for on in (False, True):
+            setting.value = on
+            with LLM(model, dtype=torch.bfloat16) as llm:
+                tokens[on] = [list(r["token_ids"]) for r in llm.generate(prompts, params)]  # type: ignore[arg-type]
+    finally:
+        setting.value = default
     same = sum(a == b for x, y in zip(tokens[False], tokens[True]) for a, b in zip(x, y))
     total = sum(len(x) for x in tokens[False])
     assert tokens[False] == tokens[True] and total == 64 * len(prompts), (same, total)
     return (
-        f"The engine with and without the store in the kernel (tiny-qwen3, bfloat16, greedy, "
+        f"The engine with and without {what} (tiny-qwen3, bfloat16, greedy, "
         f"{len(prompts)} prompts of {len(prompts[0])} to {len(prompts[-1])} tokens): {same} of "
         f"{total} tokens the same.\n\n"
     )
+
+
+def pdl(out: Path) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from minisgl.kernel.triton.decode_attention import decode_attention_triton
+    from minisgl.kernel.triton.qk_norm_rope import KVStore, qk_norm_rope_triton
+    from minisgl.layers.rotary import RotaryEmbedding
+    from tools.bench_kernels import gpu_microseconds as graph_microseconds
+
+    hidden, heads, kv_heads, head_dim, eps = 1024, 16, 8, 128, 1e-6
+    settings = engine_decode_settings()
+    page = settings["page_size"]
+    table = RotaryEmbedding(head_dim, head_dim, 40960, 1e6)._cos_sin_cache.cuda()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cuda = dict(device="cuda", dtype=torch.bfloat16)
+    weights = [torch.rand(head_dim, generator=gen, **cuda) + 0.5 for _ in "qk"]
+    w_qkv = torch.randn((heads + 2 * kv_heads) * head_dim, hidden, generator=gen, **cuda) / 32
+    w_o = torch.randn(hidden, heads * head_dim, generator=gen, **cuda) / 32
+    rows = [
+        "| requests | keys each | without PDL, us | with PDL, us | outputs and pools equal |",
+        "| ---: | ---: | ---: | ---: | :---: |",
+    ]
+
+    def attention_half(batch: int, length: int) -> Tuple[Callable, torch.Tensor]:
+        """The layer's attention half for `batch` requests of `length` keys, as a function
+        of the pools (k, v) and of whether to launch early; and the pools it starts from."""
+        pages = torch.randperm(batch * length // page, generator=gen, device="cuda")
+        slots = (pages.view(batch, -1, 1) * page + torch.arange(page, device="cuda")).flatten()
+        indices = slots.int()
+        indptr = (torch.arange(batch + 1, device="cuda") * length).int()
+        at = indices[indptr[1:].long() - 1]  # each request's newest key: the step's token
+        positions = torch.full((batch,), length - 1, device="cuda", dtype=torch.int64)
+        x = torch.randn(batch, hidden, generator=gen, **cuda)
+        pool = torch.randn(2, batch * length, kv_heads * head_dim, generator=gen, **cuda)
+
+        def layer(pools: torch.Tensor, launch_early: bool) -> torch.Tensor:
+            qkv = F.linear(x, w_qkv)
+            q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+            store = KVStore(pools[0], pools[1], at, v)
+            qk_norm_rope_triton(q, k, *weights, eps, positions, table, head_dim, store,
+                                pdl=launch_early)  # fmt: skip
+            caches = [p.view(-1, kv_heads, head_dim) for p in pools]
+            o = decode_attention_triton(q.view(batch, heads, head_dim), *caches, indptr,
+                                        indices, **settings, pdl=launch_early)  # fmt: skip
+            return F.linear(o.view(batch, -1), w_o)
+
+        return layer, pool
+
+    for batch, length in ((1, 1024), (16, 1024), (64, 1024), (256, 1024), (64, 4096)):
+        layer, pool = attention_half(batch, length)
+        results = []
+        for launch_early in (False, True):
+            pools = pool.clone()
+            results.append((layer(pools, launch_early), pools))
+        equal = all(torch.equal(a, b) for a, b in zip(*results))
+        assert equal, "PDL changed a result"
+        times = [
+            graph_microseconds(functools.partial(layer, pool.clone(), launch_early))
+            for launch_early in (False, True)
+        ]
+        rows.append(f"| {batch} | {length} | {times[0]:.1f} | {times[1]:.1f} | yes |")
+        print(rows[-1], flush=True)
+    engine_rows = same_tokens_both_ways("TRITON_PDL", "PDL")
+    out.write_text(
+        "\n".join(rows) + "\n\nEach row: the q/k/v product, the norms and RoPE storing k and "
+        "v, the decode attention's two kernels, the o product. " + engine_rows +
+        f"One {torch.cuda.get_device_name()}.\n"
+    )  # fmt: skip
+    print(out.read_text())
 
 
 def chi_square(counts: torch.Tensor, logits: torch.Tensor, temperature: float) -> float:
@@ -1582,6 +1670,7 @@ def main() -> None:
             "attention-run",
             "norms-rope",
             "kv-store",
+            "pdl",
             "decode-kernels",
             "sampler",
             "matmuls",
@@ -1634,6 +1723,8 @@ def main() -> None:
         norms_rope(args.out or NORMS_ROPE_OUT)
     elif args.what == "kv-store":
         kv_store(args.out or KV_STORE_OUT)
+    elif args.what == "pdl":
+        pdl(args.out or PDL_OUT)
     elif args.what == "decode-kernels":
         kernel_set = args.kernel_set or "options"
         decode_kernels(args.out or DECODE_KERNELS_OUT[kernel_set], kernel_set=kernel_set)

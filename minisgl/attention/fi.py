@@ -171,9 +171,10 @@ class FlashInferBackend(BaseAttnBackend):
 
     @cached_property
     def triton_decode_settings(self) -> Dict[str, int]:
-        """The kernel's settings: TRITON_DECODE_SETTINGS, then MINISGL_TRITON_DECODE_SETTINGS;
-        the engine's page size where page_runs is on."""
-        settings = {**TRITON_DECODE_SETTINGS, **ENV.TRITON_DECODE_SETTINGS.value}
+        """The kernel's settings: TRITON_DECODE_SETTINGS and MINISGL_TRITON_PDL, then
+        MINISGL_TRITON_DECODE_SETTINGS; the engine's page size where page_runs is on."""
+        settings = {**TRITON_DECODE_SETTINGS, "pdl": bool(ENV.TRITON_PDL)}
+        settings.update(ENV.TRITON_DECODE_SETTINGS.value)
         settings["page_size"] = get_global_ctx().page_size if settings.pop("page_runs") else 1
         return settings
 

@@ -68,7 +68,8 @@ class AttentionLayer(StateLessOP):
             table = self.rotary._cos_sin_cache  # [max position, cos | sin], float32
             store = self._kv_store(v)
             qk_norm_rope_triton(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
-                                ctx.batch.positions, table, self.head_dim, store)  # fmt: skip
+                                ctx.batch.positions, table, self.head_dim, store,
+                                pdl=bool(ENV.TRITON_PDL))  # fmt: skip
             stored = store is not None
         else:
             if self.q_norm is not None:

@@ -179,7 +179,10 @@ def _decode_piece_kernel(
     PAGE_SIZE: tl.constexpr,  # slots per page (PAGE_LOOP)
     HEADS_FIRST: tl.constexpr,  # the grid is (kv_heads, requests, SPLITS), not (requests, ...)
     HND_PAGE: tl.constexpr,  # (with PAGE_RUNS) the caches are [pages, kv_heads, HND_PAGE, dim]
+    PDL: tl.constexpr,  # launched before the kernel before it ends: wait for its results
 ):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     if HEADS_FIRST:  # the programs launched one after another read one token's heads in turn
         request, kv_head, kv_heads = tl.program_id(1), tl.program_id(0), tl.num_programs(0)
     else:
@@ -217,6 +220,8 @@ def _decode_piece_kernel(
                 k_stride_h, v_stride_t, v_stride_h, scale_log2, best, total, acc, BLOCK_N,
                 HEAD_DIM, UPCAST, TMA, PAGE_RUNS, HND_PAGE,
             )  # fmt: skip
+        if PDL:  # the merge may start now: its programs wait for this kernel's end
+            tl.extra.cuda.gdc_launch_dependents()
         pieces = tl.cdiv(end - first, size)
         row = (request * (GROUP * kv_heads) + heads) * SPLITS + split
         out = out_ptr + request * out_stride_r + heads[:, None] * out_stride_h + dims[None, :]
@@ -285,7 +290,10 @@ def _decode_merge_kernel(
     SPLITS: tl.constexpr,
     EQUAL: tl.constexpr,
     BLOCK_S: tl.constexpr,  # SPLITS rounded up to a power of two
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     request = tl.program_id(0)
     head = tl.program_id(1)
     length = tl.load(indptr_ptr + request + 1) - tl.load(indptr_ptr + request)
@@ -344,6 +352,7 @@ def piece_constants(
     page_loop: bool,
     heads_first: bool = False,
     kv_layout: str = "NHD",
+    pdl: bool = False,
 ) -> Dict[str, object]:
     """The compile-time arguments of `_decode_piece_kernel` for these settings (what
     decode_attention_triton launches it with, and tools/compiled_kernel.py compiles)."""
@@ -364,6 +373,7 @@ def piece_constants(
         PAGE_SIZE=page_size if page_loop and page_runs else 1,
         HEADS_FIRST=heads_first,
         HND_PAGE=page_size if kv_layout == "HND" else 0,
+        PDL=pdl,
     )
 
 
@@ -389,6 +399,7 @@ def decode_attention_triton(
     kv_layout: str = "NHD",
     max_registers: int = 0,
     merge_warps: int = 4,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """One decode step's attention: q [batch, q_heads, head_dim], the caches [slots, kv_heads,
     head_dim], request r's keys at slots indices[indptr[r]:indptr[r + 1]]. Each request's keys
@@ -408,8 +419,10 @@ def decode_attention_triton(
     s % page_size of page s // page_size. `max_registers` (0: as many as the compiler takes)
     caps the registers of a thread of the pieces' kernel, so that more programs fit on an SM;
     the compiler spills what does not fit to local memory. `merge_warps`: the warps of a
-    program of the second kernel, which merges one head's pieces. Returns [batch, q_heads,
-    head_dim] in q's dtype."""
+    program of the second kernel, which merges one head's pieces. `pdl` (a GPU's programmatic
+    dependent launch): each kernel may be started before the kernel before it has finished,
+    and waits for its results before it reads anything. Returns [batch, q_heads, head_dim] in
+    q's dtype."""
     batch, q_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     group = q_heads // kv_heads
@@ -466,10 +479,12 @@ def decode_attention_triton(
             page_loop=page_loop,
             heads_first=heads_first,
             kv_layout=kv_layout,
+            pdl=pdl,
         ),  # fmt: skip
         num_warps=num_warps,
         num_stages=num_stages,
         **({"maxnreg": max_registers} if max_registers else {}),
+        **({"launch_pdl": True} if pdl else {}),
     )
     if merge_here:
         return out
@@ -486,6 +501,8 @@ def decode_attention_triton(
         SPLITS=splits,
         EQUAL=equal,
         BLOCK_S=triton.next_power_of_2(splits),
+        PDL=pdl,
         num_warps=merge_warps,
+        **({"launch_pdl": True} if pdl else {}),
     )
     return out

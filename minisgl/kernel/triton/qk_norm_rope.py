@@ -81,7 +81,10 @@ def _qk_norm_rope_kernel(
     BLOCK_K: tl.constexpr,
     HALF: tl.constexpr,
     STORE: tl.constexpr,
+    PDL: tl.constexpr,  # launched before the kernel before it ends: wait for its results
 ):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0)
     position = tl.load(positions_ptr + token).to(tl.int64)
     row = cos_sin_ptr + position * cos_sin_stride
@@ -100,6 +103,8 @@ def _qk_norm_rope_kernel(
         k_row_ptr = k_ptr + token.to(tl.int64) * k_stride
     _norm_rope_heads(k_ptr, k_stride, k_row_ptr, k_weight_ptr, row, token, eps,
                      NUM_K_HEADS, BLOCK_K, HALF)  # fmt: skip
+    if PDL:  # the attention's kernel may start: it waits for this one's end
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @dataclass(frozen=True)
@@ -124,11 +129,13 @@ def qk_norm_rope_triton(
     cos_sin_cache: torch.Tensor,
     head_dim: int,
     store: KVStore | None = None,
+    pdl: bool = False,
 ) -> None:
     """Normalise each head of q [n, q_heads * head_dim] and k [n, k_heads * head_dim] (views
     of the qkv output: rows may be further apart than their width) with its weight, then
     rotate it by its token's position, in place; given `store`, the keys go to the pool
-    instead, and the values with them."""
+    instead, and the values with them. `pdl`: launched by the GPU's programmatic dependent
+    launch (see decode_attention_triton)."""
     n = q.shape[0]
     half = head_dim // 2
     assert half * 2 == head_dim and half == triton.next_power_of_2(half), head_dim
@@ -168,4 +175,6 @@ def qk_norm_rope_triton(
         BLOCK_K=triton.next_power_of_2(k_heads),
         HALF=half,
         STORE=store is not None,
+        PDL=pdl,
+        **({"launch_pdl": True} if pdl else {}),
     )
