@@ -697,18 +697,28 @@ def timing_words(timings: Dict[str, set]) -> str:
     return "; ".join(f"{label}: {' and '.join(sorted(how))}" for label, how in timings.items())
 
 
+def norm_rope_inputs(head_dim: int) -> Tuple[torch.Tensor, torch.Generator, List[torch.Tensor]]:
+    """For the norms-and-RoPE kernel at Qwen3-0.6B's shape on the GPU: the RoPE table (base
+    10^6), a generator seeded 0, and the q and k norms' weights in bfloat16 drawn from it."""
+    import torch
+
+    from minisgl.layers.rotary import RotaryEmbedding
+
+    table = RotaryEmbedding(head_dim, head_dim, 40960, 1e6)._cos_sin_cache.cuda()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weights = [torch.rand(head_dim, generator=gen, device="cuda").bfloat16() + 0.5 for _ in "qk"]
+    return table, gen, weights
+
+
 def norms_rope(out: Path) -> None:
     import flashinfer
     import torch
 
     from minisgl.kernel.triton.qk_norm_rope import qk_norm_rope_triton
-    from minisgl.layers.rotary import RotaryEmbedding
     from tools.bench_kernels import gpu_microseconds as graph_microseconds
 
     heads, kv_heads, head_dim, eps = 16, 8, 128, 1e-6
-    table = RotaryEmbedding(head_dim, head_dim, 40960, 1e6)._cos_sin_cache.cuda()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    weights = [torch.rand(head_dim, generator=gen, device="cuda").bfloat16() + 0.5 for _ in "qk"]
+    table, gen, weights = norm_rope_inputs(head_dim)
     rows = [
         "| tokens | FlashInfer, 3 kernels, us | one Triton kernel, us "
         "| largest error, FlashInfer | largest error, Triton |",
@@ -769,13 +779,10 @@ def kv_store(out: Path) -> None:
 
     from minisgl.kernel import store_cache
     from minisgl.kernel.triton.qk_norm_rope import KVStore, qk_norm_rope_triton
-    from minisgl.layers.rotary import RotaryEmbedding
     from tools.bench_kernels import gpu_microseconds as graph_microseconds
 
     heads, kv_heads, head_dim, eps, slots = 16, 8, 128, 1e-6, 65536
-    table = RotaryEmbedding(head_dim, head_dim, 40960, 1e6)._cos_sin_cache.cuda()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    weights = [torch.rand(head_dim, generator=gen, device="cuda").bfloat16() + 0.5 for _ in "qk"]
+    table, gen, weights = norm_rope_inputs(head_dim)
     rows = [
         "| tokens | norms and RoPE, then the KV store, us | one kernel storing k and v, us "
         "| pools and q equal |",
@@ -865,16 +872,13 @@ def pdl(out: Path) -> None:
 
     from minisgl.kernel.triton.decode_attention import decode_attention_triton
     from minisgl.kernel.triton.qk_norm_rope import KVStore, qk_norm_rope_triton
-    from minisgl.layers.rotary import RotaryEmbedding
     from tools.bench_kernels import gpu_microseconds as graph_microseconds
 
     hidden, heads, kv_heads, head_dim, eps = 1024, 16, 8, 128, 1e-6
     settings = engine_decode_settings()
     page = settings["page_size"]
-    table = RotaryEmbedding(head_dim, head_dim, 40960, 1e6)._cos_sin_cache.cuda()
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    table, gen, weights = norm_rope_inputs(head_dim)
     cuda = dict(device="cuda", dtype=torch.bfloat16)
-    weights = [torch.rand(head_dim, generator=gen, **cuda) + 0.5 for _ in "qk"]
     w_qkv = torch.randn((heads + 2 * kv_heads) * head_dim, hidden, generator=gen, **cuda) / 32
     w_o = torch.randn(hidden, heads * head_dim, generator=gen, **cuda) / 32
     rows = [
