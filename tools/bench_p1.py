@@ -803,7 +803,7 @@ def kv_store(out: Path) -> None:
         store = KVStore(pools[0], pools[1], at, v)
         qk_norm_rope_triton(q, k, *weights, eps, positions, table, head_dim, store)
 
-    engine_rows = kv_store_engines()
+    engine_rows = same_tokens_both_ways("FUSED_KV_STORE", "the store in the kernel")
     for tokens in (1, 64, 256, 8192):
         qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen,
                           device="cuda").bfloat16()  # fmt: skip
@@ -826,10 +826,6 @@ def kv_store(out: Path) -> None:
         print(rows[-1], flush=True)
     out.write_text("\n".join(rows) + f"\n\n{engine_rows}One {torch.cuda.get_device_name()}.\n")
     print(out.read_text())
-
-
-def kv_store_engines() -> str:
-    return same_tokens_both_ways("FUSED_KV_STORE", "the store in the kernel")
 
 
 def same_tokens_both_ways(switch: str, what: str) -> str:

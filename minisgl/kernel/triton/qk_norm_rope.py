@@ -29,12 +29,10 @@ import triton.language as tl
 
 @triton.jit
 def _norm_rope_heads(
-    x_ptr,
-    row_stride,
-    out_row_ptr,  # where the token's result goes: its own row, or its slot's row in the pool
+    row_ptr,  # the token's heads
+    out_row_ptr,  # where the result goes: the same row, or the token's slot's row in the pool
     weight_ptr,
     cos_sin_row_ptr,
-    token,
     eps,
     NUM_HEADS: tl.constexpr,
     BLOCK_HEADS: tl.constexpr,  # a power of two >= NUM_HEADS
@@ -43,7 +41,7 @@ def _norm_rope_heads(
     heads = tl.arange(0, BLOCK_HEADS)[:, None]
     columns = tl.arange(0, HALF)[None, :]
     mask = heads < NUM_HEADS
-    first_ptr = x_ptr + token.to(tl.int64) * row_stride + heads * (2 * HALF) + columns
+    first_ptr = row_ptr + heads * (2 * HALF) + columns
     first = tl.load(first_ptr, mask=mask).to(tl.float32)
     second = tl.load(first_ptr + HALF, mask=mask).to(tl.float32)
     mean_square = (tl.sum(first * first, axis=1) + tl.sum(second * second, axis=1)) / (2 * HALF)
@@ -89,20 +87,20 @@ def _qk_norm_rope_kernel(
     position = tl.load(positions_ptr + token).to(tl.int64)
     row = cos_sin_ptr + position * cos_sin_stride
     q_row_ptr = q_ptr + token.to(tl.int64) * q_stride
-    _norm_rope_heads(q_ptr, q_stride, q_row_ptr, q_weight_ptr, row, token, eps,
-                     NUM_Q_HEADS, BLOCK_Q, HALF)  # fmt: skip
+    _norm_rope_heads(q_row_ptr, q_row_ptr, q_weight_ptr, row, eps, NUM_Q_HEADS, BLOCK_Q, HALF)
+    k_row_ptr = k_ptr + token.to(tl.int64) * k_stride
     if STORE:
         slot = tl.load(slots_ptr + token).to(tl.int64)
-        k_row_ptr = k_pool_ptr + slot * pool_stride
-        # the value as it is, one flat row of NUM_K_HEADS * 2 * HALF elements
+        k_out_ptr = k_pool_ptr + slot * pool_stride
+        # the value as it is, one flat row of NUM_K_HEADS * 2 * HALF elements (v's rows are
+        # as far apart as k's)
         columns = tl.arange(0, BLOCK_K * 2 * HALF)
         in_row = columns < NUM_K_HEADS * 2 * HALF
         value = tl.load(v_ptr + token.to(tl.int64) * k_stride + columns, mask=in_row)
         tl.store(v_pool_ptr + slot * pool_stride + columns, value, mask=in_row)
     else:
-        k_row_ptr = k_ptr + token.to(tl.int64) * k_stride
-    _norm_rope_heads(k_ptr, k_stride, k_row_ptr, k_weight_ptr, row, token, eps,
-                     NUM_K_HEADS, BLOCK_K, HALF)  # fmt: skip
+        k_out_ptr = k_row_ptr
+    _norm_rope_heads(k_row_ptr, k_out_ptr, k_weight_ptr, row, eps, NUM_K_HEADS, BLOCK_K, HALF)
     if PDL:  # the attention's kernel may start: it waits for this one's end
         tl.extra.cuda.gdc_launch_dependents()
 
