@@ -903,6 +903,64 @@ def test_programmatic_dependent_launch_is_off_unless_asked(monkeypatch) -> None:
         clear_global_ctx()
 
 
+@pytest.mark.parametrize("rows", [1, 5, 17, 40])
+def test_the_gate_up_kernel_is_silu_of_the_gate_times_the_up_product(rows: int) -> None:
+    """In Triton's interpreter and float32 (exact products): the table's tile for these rows
+    and a smaller one, on a weight whose sizes are no multiple of the tiles (masked edges)."""
+    import torch.nn.functional as F
+
+    from minisgl.kernel.triton.gate_up_silu import GateUpTile, gate_up_silu_triton, gate_up_tile
+
+    gen = torch.Generator().manual_seed(rows)
+    x, weight = torch.randn(rows, 100, generator=gen), torch.randn(2 * 40, 100, generator=gen)
+    expected = F.silu(F.linear(x, weight[:40])) * F.linear(x, weight[40:])
+    for tile in (gate_up_tile(rows), GateUpTile(block_m=16, block_n=16, block_k=32)):
+        got = gate_up_silu_triton(x, weight, tile)
+        assert got.shape == (rows, 40)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+    wide = torch.randn(rows, 300, generator=gen)[:, :100]  # rows 300 apart: a view, not a copy
+    torch.testing.assert_close(
+        gate_up_silu_triton(wide, weight),
+        F.silu(F.linear(wide, weight[:40])) * F.linear(wide, weight[40:]),
+        rtol=1e-5,
+        atol=1e-4,
+    )
+
+
+def test_the_gate_up_tiles_cover_every_decode_batch() -> None:
+    from minisgl.kernel.triton.gate_up_silu import GATE_UP_TILES, MAX_ROWS, gate_up_tile
+
+    assert [most for most, _ in GATE_UP_TILES] == sorted(most for most, _ in GATE_UP_TILES)
+    assert GATE_UP_TILES[-1][0] == MAX_ROWS
+    assert gate_up_tile(1) is GATE_UP_TILES[0][1] and gate_up_tile(MAX_ROWS) is GATE_UP_TILES[-1][1]
+    assert all(t.block_m >= 16 and t.block_n >= 16 and t.block_k >= 16 for _, t in GATE_UP_TILES)
+
+
+def test_the_mlp_runs_the_gate_up_kernel_only_where_asked(monkeypatch) -> None:
+    """The MLP computes the same with the kernel as with the product and SiLU (float32, the
+    interpreter standing in for the GPU), and takes the kernel only where asked (ENV), on a
+    GPU in 16 bits, for SiLU, at a decode step's rows."""
+    from minisgl.kernel.triton.gate_up_silu import MAX_ROWS
+    from minisgl.models import utils
+
+    config: Any = SimpleNamespace(hidden_size=64, intermediate_size=48, hidden_act="silu")
+    mlp = utils.GatedMLP(config)
+    gen = torch.Generator().manual_seed(0)
+    mlp.gate_up_proj.weight = torch.randn(96, 64, generator=gen) / 8
+    mlp.down_proj.weight = torch.randn(64, 48, generator=gen) / 8
+    x = torch.randn(7, 64, generator=gen)
+    plain = mlp.forward(x)  # a CPU tensor: the product, then SiLU
+    assert not mlp._fused_gate_up_silu(x)
+    monkeypatch.setattr(utils, "flashinfer_for", lambda x: "kernels")  # as on a GPU
+    assert not mlp._fused_gate_up_silu(x)  # off unless MINISGL_FUSED_GATE_UP_SILU=1
+    monkeypatch.setattr(ENV.FUSED_GATE_UP_SILU, "value", True)
+    assert mlp._fused_gate_up_silu(x)
+    torch.testing.assert_close(mlp.forward(x), plain, rtol=1e-5, atol=1e-5)
+    assert not mlp._fused_gate_up_silu(torch.zeros(MAX_ROWS + 1, 64))  # a prefill's rows
+    gelu = utils.GatedMLP(SimpleNamespace(hidden_size=64, intermediate_size=48, hidden_act="gelu"))
+    assert not gelu._fused_gate_up_silu(x)
+
+
 def test_options_runs_the_engine_without_each_kernel_and_without_all(tmp_path) -> None:
     """`bench_p1.py options`: one run per kernel switched off, one with all off, the official
     engine last; only this engine and the official one get an uncounted run."""

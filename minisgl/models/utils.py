@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Tuple
 import torch
 
 from minisgl.core import get_global_ctx
+from minisgl.env import ENV
 from minisgl.layers import (
     AttentionLayer,
     BaseOP,
@@ -26,6 +27,7 @@ from minisgl.layers import (
     gelu_and_mul,
     silu_and_mul,
 )
+from minisgl.layers.gpu import flashinfer_for
 from minisgl.utils import nvtx_annotate
 
 from .base import BaseLLMModel
@@ -53,7 +55,25 @@ class GatedMLP(BaseOP):
 
     @nvtx_annotate("MLP")
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fused_gate_up_silu(x):
+            from minisgl.kernel.triton.gate_up_silu import gate_up_silu_triton
+
+            return self.down_proj.forward(gate_up_silu_triton(x, self.gate_up_proj.weight))
         return self.down_proj.forward(self.act_fn(self.gate_up_proj.forward(x)))
+
+    def _fused_gate_up_silu(self, x: torch.Tensor) -> bool:
+        """Project P1's kernel for the gate/up product and SiLU: asked for (ENV), for SiLU
+        without a bias, on a GPU in 16 bits, at a decode step's few rows."""
+        from minisgl.kernel.triton.gate_up_silu import MAX_ROWS
+
+        return (
+            ENV.FUSED_GATE_UP_SILU
+            and self.act_fn is silu_and_mul
+            and self.gate_up_proj.bias is None
+            and x.dim() == 2
+            and x.shape[0] <= MAX_ROWS
+            and flashinfer_for(x) is not None
+        )
 
 
 class MoEMLP(BaseOP):

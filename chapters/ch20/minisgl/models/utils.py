@@ -1,0 +1,192 @@
+"""The parts every decoder shares: the gated MLP (or, in a mixture-of-experts model, the
+router and the experts), attention with RoPE, and the decoder itself, written once and
+configured per architecture."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Tuple
+
+import torch
+
+from minisgl.core import get_global_ctx
+from minisgl.layers import (
+    AttentionLayer,
+    BaseOP,
+    LinearColParallelMerged,
+    LinearOProj,
+    LinearQKVMerged,
+    LinearReplicated,
+    LinearRowParallel,
+    MoELayer,
+    OPList,
+    ParallelLMHead,
+    RMSNorm,
+    RMSNormFused,
+    VocabParallelEmbedding,
+    gelu_and_mul,
+    silu_and_mul,
+)
+from minisgl.utils import nvtx_annotate
+
+from .base import BaseLLMModel
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
+
+
+class GatedMLP(BaseOP):
+    """down(act(gate(x)) * up(x)), with gate and up in one matrix."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.gate_up_proj = LinearColParallelMerged(
+            config.hidden_size,
+            [config.intermediate_size, config.intermediate_size],
+            has_bias=False,
+        )
+        activations = {"silu": silu_and_mul, "gelu": gelu_and_mul}
+        if config.hidden_act not in activations:
+            raise ValueError(f"unsupported activation {config.hidden_act!r}")
+        self.act_fn = activations[config.hidden_act]
+        self.down_proj = LinearRowParallel(
+            config.intermediate_size, config.hidden_size, has_bias=False
+        )
+
+    @nvtx_annotate("MLP")
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj.forward(self.act_fn(self.gate_up_proj.forward(x)))
+
+
+class MoEMLP(BaseOP):
+    """The router (a linear layer every rank holds whole) scores the experts for each token;
+    the experts' layer runs each token's best `num_experts_per_tok` of them."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.experts = MoELayer(
+            num_experts=config.num_experts,
+            top_k=config.num_experts_per_tok,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.moe_intermediate_size,
+            renormalize=config.norm_topk_prob,
+            activation=config.hidden_act,
+        )
+        self.gate = LinearReplicated(config.hidden_size, config.num_experts, has_bias=False)
+
+    @nvtx_annotate("MoE")
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        router_logits = self.gate.forward(hidden_states)  # [tokens, experts]
+        return self.experts.forward(hidden_states, router_logits)
+
+
+class RopeAttn(BaseOP):
+    """Self-attention: the qkv projection, the attention itself (with RoPE and, for Qwen3, the
+    q/k norms), and the output projection."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        *,
+        has_attn_bias: bool = False,
+        has_qk_norm: bool = False,
+    ) -> None:
+        head_dim = config.head_dim
+        self.qkv_proj = LinearQKVMerged(
+            hidden_size=config.hidden_size,
+            head_dim=head_dim,
+            num_qo_heads=config.num_qo_heads,
+            num_kv_heads=config.num_kv_heads,
+            has_bias=has_attn_bias,
+        )
+        self.has_qk_norm = has_qk_norm
+        self.q_norm = RMSNorm(head_dim, eps=config.rms_norm_eps) if has_qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps=config.rms_norm_eps) if has_qk_norm else None
+        self.attn = AttentionLayer(
+            layer_id=layer_id,
+            num_qo_heads=config.num_qo_heads,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=head_dim,
+            rotary_config=config.rotary_config,
+            q_norm=self.q_norm,
+            k_norm=self.k_norm,
+        )
+        self.o_proj = LinearOProj(
+            head_dim * config.num_qo_heads, config.hidden_size, has_bias=False
+        )
+
+    @nvtx_annotate("MHA")
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.o_proj.forward(self.attn.forward(self.qkv_proj.forward(x)))
+
+
+class DecoderLayer(BaseOP):
+    """Pre-norm attention, then pre-norm MLP, each added to the residual stream."""
+
+    def __init__(
+        self, config: ModelConfig, layer_id: int, *, has_attn_bias: bool, has_qk_norm: bool
+    ) -> None:
+        self.self_attn = RopeAttn(
+            config, layer_id, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm
+        )
+        self.mlp = MoEMLP(config) if config.is_moe else GatedMLP(config)
+        self.input_layernorm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
+        self._layer_id = layer_id
+
+    @nvtx_annotate("Layer_{}", layer_id_field="_layer_id")
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.input_layernorm.forward(x, residual)
+        x = self.self_attn.forward(x)
+        x, residual = self.post_attention_layernorm.forward(x, residual)
+        return self.mlp.forward(x), residual
+
+
+class DecoderModel(BaseOP):
+    """Embedding, the layers, the final norm: token ids in, hidden states out."""
+
+    def __init__(self, config: ModelConfig, *, has_attn_bias: bool, has_qk_norm: bool) -> None:
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = OPList(
+            [
+                DecoderLayer(config, i, has_attn_bias=has_attn_bias, has_qk_norm=has_qk_norm)
+                for i in range(config.num_layers)
+            ]
+        )
+        self.norm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens.forward(input_ids)
+        residual: torch.Tensor | None = None
+        for layer in self.layers.op_list:
+            x, residual = layer.forward(x, residual)
+        return self.norm.forward(x, residual)[0]
+
+
+class DecoderForCausalLM(BaseLLMModel):
+    """A dense decoder with an LM head. Subclasses set the two flags of their architecture."""
+
+    has_attn_bias: bool = False  # Qwen2 puts a bias on q, k and v
+    has_qk_norm: bool = False  # Qwen3 normalises every head of q and k
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.model = DecoderModel(
+            config, has_attn_bias=self.has_attn_bias, has_qk_norm=self.has_qk_norm
+        )
+        self.lm_head = ParallelLMHead(
+            num_embeddings=config.vocab_size,
+            embedding_dim=config.hidden_size,
+            tie_word_embeddings=config.tie_word_embeddings,
+            tied_embedding=self.model.embed_tokens if config.tie_word_embeddings else None,
+        )
+        super().__init__()
+
+    def forward(self) -> torch.Tensor:
+        batch = get_global_ctx().batch
+        hidden = self.model.forward(batch.input_ids)
+        if batch.is_prefill:  # only each request's last token predicts a new one
+            hidden = hidden[batch.attn_metadata.get_last_indices(batch.size)]
+        return self.lm_head.forward(hidden)
+
+
+__all__ = ["GatedMLP", "MoEMLP", "RopeAttn", "DecoderLayer", "DecoderModel", "DecoderForCausalLM"]
