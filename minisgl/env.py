@@ -18,9 +18,9 @@
     ENV.TRITON_PDL                   MINISGL_TRITON_PDL=1 launches the norms-and-RoPE kernel
                                      and the decode attention's kernels by the GPU's
                                      programmatic dependent launch (project P1)
-    ENV.FUSED_GATE_UP_SILU           MINISGL_FUSED_GATE_UP_SILU=1 computes a decode step's
-                                     gate/up product and SiLU in one Triton kernel on a GPU in
-                                     16 bits (project P1), instead of cuBLAS and FlashInfer
+    ENV.FUSED_GATE_UP_SILU           the MLP's gate/up product and SiLU in one Triton kernel
+                                     on a GPU in 16 bits, at up to 64 rows (project P1);
+                                     MINISGL_FUSED_GATE_UP_SILU=0 runs cuBLAS and FlashInfer
     ENV.GUMBEL_SAMPLING              temperature sampling without top-k/top-p by the Triton
                                      Gumbel-max kernel on a GPU (project P1);
                                      MINISGL_GUMBEL_SAMPLING=0 samples with FlashInfer instead
@@ -106,7 +106,7 @@ class EnvClassSingleton:
     TRITON_DECODE = EnvBool(True)
     TRITON_DECODE_SETTINGS = EnvSettings()
     TRITON_PDL = EnvBool(False)
-    FUSED_GATE_UP_SILU = EnvBool(False)
+    FUSED_GATE_UP_SILU = EnvBool(True)
     GUMBEL_SAMPLING = EnvBool(True)
     # how the shell (python -m minisgl.shell, chapter 15) samples its answers
     SHELL_MAX_TOKENS = EnvInt(2048)

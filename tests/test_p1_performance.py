@@ -938,8 +938,8 @@ def test_the_gate_up_tiles_cover_every_decode_batch() -> None:
 
 def test_the_mlp_runs_the_gate_up_kernel_only_where_asked(monkeypatch) -> None:
     """The MLP computes the same with the kernel as with the product and SiLU (float32, the
-    interpreter standing in for the GPU), and takes the kernel only where asked (ENV), on a
-    GPU in 16 bits, for SiLU, at a decode step's rows."""
+    interpreter standing in for the GPU), and takes the kernel unless turned off (ENV), on a
+    GPU in 16 bits, for SiLU, at up to MAX_ROWS rows."""
     from minisgl.kernel.triton.gate_up_silu import MAX_ROWS
     from minisgl.models import utils
 
@@ -949,14 +949,17 @@ def test_the_mlp_runs_the_gate_up_kernel_only_where_asked(monkeypatch) -> None:
     mlp.gate_up_proj.weight = torch.randn(96, 64, generator=gen) / 8
     mlp.down_proj.weight = torch.randn(64, 48, generator=gen) / 8
     x = torch.randn(7, 64, generator=gen)
+    monkeypatch.setattr(ENV.FUSED_GATE_UP_SILU, "value", True)
     plain = mlp.forward(x)  # a CPU tensor: the product, then SiLU
     assert not mlp._fused_gate_up_silu(x)
     monkeypatch.setattr(utils, "flashinfer_for", lambda x: "kernels")  # as on a GPU
-    assert not mlp._fused_gate_up_silu(x)  # off unless MINISGL_FUSED_GATE_UP_SILU=1
-    monkeypatch.setattr(ENV.FUSED_GATE_UP_SILU, "value", True)
     assert mlp._fused_gate_up_silu(x)
     torch.testing.assert_close(mlp.forward(x), plain, rtol=1e-5, atol=1e-5)
-    assert not mlp._fused_gate_up_silu(torch.zeros(MAX_ROWS + 1, 64))  # a prefill's rows
+    assert mlp._fused_gate_up_silu(torch.zeros(MAX_ROWS, 64))
+    assert not mlp._fused_gate_up_silu(torch.zeros(MAX_ROWS + 1, 64))  # cuBLAS's rows
+    monkeypatch.setattr(ENV.FUSED_GATE_UP_SILU, "value", False)  # MINISGL_FUSED_GATE_UP_SILU=0
+    assert not mlp._fused_gate_up_silu(x)
+    monkeypatch.setattr(ENV.FUSED_GATE_UP_SILU, "value", True)
     gelu = utils.GatedMLP(SimpleNamespace(hidden_size=64, intermediate_size=48, hidden_act="gelu"))
     assert not gelu._fused_gate_up_silu(x)
 

@@ -539,9 +539,12 @@ def batch_limits(hw: Hardware, sizes: Sequence[int] = BATCH_SIZES) -> List[Dict[
     return found
 
 
-def batch(source: Path | None, site: Path | None, repeat: int, out: Path) -> None:
-    """Throughput against batch size: each engine in one fresh process runs `batch_jobs`
-    `repeat` times over (the best of each size is kept), beside each size's limit."""
+def batch(
+    source: Path | None, site: Path | None, repeat: int, out: Path, variants: Sequence[str] = ()
+) -> None:
+    """Throughput against batch size: each engine (and each of this engine's `variants`, as
+    `side` takes them) in one fresh process runs `batch_jobs` `repeat` times over (the best of
+    each size is kept), beside each size's limit."""
     import torch
 
     from tools.bench_gpu import run_in_child, run_official_in_child
@@ -550,6 +553,11 @@ def batch(source: Path | None, site: Path | None, repeat: int, out: Path) -> Non
     runs: Dict[str, Callable[[], List[Dict]]] = {
         "this engine": functools.partial(run_in_child, "fi-graphs", jobs=jobs)
     }
+    for variant in variants:
+        label, _, settings = variant.partition(":")
+        runs[f"this engine, {label}"] = functools.partial(
+            run_in_child, "fi-graphs", jobs=jobs, env=variant_environment(settings)
+        )
     if source is not None:
         runs["official mini-sglang"] = functools.partial(
             run_official_in_child, source, site, jobs=jobs
@@ -1684,7 +1692,12 @@ def gate_up(out: Path, every: int = 16) -> None:
     from triton.runtime.errors import OutOfResources
 
     from minisgl.engine.graph import _determine_cuda_graph_bs
-    from minisgl.kernel.triton.gate_up_silu import GateUpTile, gate_up_silu_triton, gate_up_tile
+    from minisgl.kernel.triton.gate_up_silu import (
+        MAX_ROWS,
+        GateUpTile,
+        gate_up_silu_triton,
+        gate_up_tile,
+    )
     from minisgl.layers.activation import silu_and_mul
     from tools.bench_gpu import QWEN3_0_6B
     from tools.bench_kernels import gpu_microseconds as graph_microseconds
@@ -1743,14 +1756,16 @@ def gate_up(out: Path, every: int = 16) -> None:
             f" | {label(gate_up_tile(batch))} | {us:.1f} | {label(tile)} |"
         )
         print(rows[-1], flush=True)
+    engine_us = {b: fused_us[b] if b <= MAX_ROWS else unfused_us[b] for b in unfused_us}
     run = {
         name: whole_run(steps, [times[b] for _, b, _ in shapes], layers)
-        for name, times in (("unfused", unfused_us), ("fused", fused_us))
+        for name, times in (("unfused", unfused_us), ("fused", fused_us), ("engine", engine_us))
     }
     tokens = same_tokens_both_ways("FUSED_GATE_UP_SILU", "the kernel", must_match=False)
     out.write_text(
         "\n".join(rows) + f"\n\nThe whole run's decode steps, estimated ({layers} layers): "
-        f"product + SiLU {run['unfused']:.3f} s, one kernel {run['fused']:.3f} s. Largest "
+        f"product + SiLU {run['unfused']:.3f} s, one kernel {run['fused']:.3f} s, as the engine "
+        f"runs them (the kernel up to {MAX_ROWS} rows) {run['engine']:.3f} s. Largest "
         f"difference from the unfused result {largest[0]:.3g} (outputs up to {largest[1]:.1f}, "
         f"bfloat16). Each timed as {GRAPH_TIMING}; 4 warps a program. {tokens}"
         f"One {torch.cuda.get_device_name()}.\n"
@@ -1803,7 +1818,7 @@ def main() -> None:
     parser.add_argument("--steps", help="counters: the run's decode steps (default 129,577)")
     parser.add_argument(
         "--variant", action="append", default=[],
-        help='side, profile: also this engine with settings, e.g. '
+        help='side, profile, batch: also this engine with settings, e.g. '
         '"three kernels:MINISGL_FUSED_QK_NORM_ROPE=0" or '
         '"loop 32:MINISGL_TRITON_DECODE_SETTINGS=page_loop=1,block_n=32"',
     )  # fmt: skip
@@ -1820,7 +1835,7 @@ def main() -> None:
     elif args.what == "options":
         options(args.official, args.official_site, args.rounds, args.out or OPTIONS_OUT)
     elif args.what == "batch":
-        batch(args.official, args.official_site, args.rounds, args.out or BATCH_OUT)
+        batch(args.official, args.official_site, args.rounds, args.out or BATCH_OUT, args.variant)
     elif args.what == "attention":
         attention(args.out or ATTENTION_OUT)
     elif args.what == "norms-rope":

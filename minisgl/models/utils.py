@@ -62,8 +62,8 @@ class GatedMLP(BaseOP):
         return self.down_proj.forward(self.act_fn(self.gate_up_proj.forward(x)))
 
     def _fused_gate_up_silu(self, x: torch.Tensor) -> bool:
-        """Project P1's kernel for the gate/up product and SiLU: asked for (ENV), for SiLU
-        without a bias, on a GPU in 16 bits, at a decode step's few rows."""
+        """Project P1's kernel for the gate/up product and SiLU: unless turned off (ENV), for
+        SiLU without a bias, on a GPU in 16 bits, at few rows (a decode step's, mostly)."""
         from minisgl.kernel.triton.gate_up_silu import MAX_ROWS
 
         return (

@@ -11,9 +11,10 @@ output never goes to memory.
 
 Each product is rounded to the output's dtype before the activation, as the separate kernels
 see it; the sums inside a tile run in another order than cuBLAS's, so results in 16 bits may
-differ from the unfused path's in the last bit. For the few rows of a decode step only
-(`MAX_ROWS`): a prefill's thousands of rows are cuBLAS's ground. On a CPU it runs under
-``TRITON_INTERPRET=1`` (the tests, in float32).
+differ from the unfused path's in the last bit. For up to `MAX_ROWS` rows only: on an H100,
+at more rows cuBLAS's product and the separate SiLU were as fast or faster (`python
+tools/bench_p1.py gate-up`). On a CPU it runs under ``TRITON_INTERPRET=1`` (the tests, in
+float32).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_ROWS = 256  # the largest decode batch the engine captures in a CUDA graph
+MAX_ROWS = 64  # the most rows it is used for (above, cuBLAS and SiLU were as fast on an H100)
 
 
 @dataclass(frozen=True)
@@ -40,14 +41,13 @@ class GateUpTile:
     num_stages: int = 4
 
 
-# (most rows, tile): the first whose rows cover the batch. Small batches read the weights and
-# little else, so they take narrow tiles for more programs in flight; large ones take wider
-# tiles, so that each weight tile serves more rows.
+# (most rows, tile): the first whose rows cover the batch; the fastest of `bench_p1.py
+# gate-up`'s candidates at 1, 24 and 40 to 64 rows on an H100. Above MAX_ROWS, the last
+# (the benchmark times the kernel there too).
 GATE_UP_TILES: Tuple[Tuple[int, GateUpTile], ...] = (
-    (16, GateUpTile(block_m=16, block_n=16, block_k=256)),
-    (32, GateUpTile(block_m=32, block_n=32, block_k=128)),
-    (64, GateUpTile(block_m=64, block_n=32, block_k=128)),
-    (MAX_ROWS, GateUpTile(block_m=64, block_n=64, block_k=64)),
+    (16, GateUpTile(block_m=16, block_n=32, block_k=128, num_stages=3)),
+    (32, GateUpTile(block_m=16, block_n=64, block_k=128, num_stages=3)),
+    (MAX_ROWS, GateUpTile(block_m=64, block_n=32, block_k=128, num_stages=4)),
 )
 
 
