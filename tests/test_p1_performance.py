@@ -301,7 +301,7 @@ def test_both_engines_run_the_workload_with_the_same_settings() -> None:
 def test_the_profiles_count_the_books_triton_kernels_in_their_parts() -> None:
     """torch.profiler names a Triton kernel by its function: the profile's parts must know
     the book's own kernels, or they all land in "other kernels" (they did, on the H100)."""
-    from minisgl.kernel.triton import decode_attention, fused_moe, qk_norm_rope, store
+    from minisgl.kernel.triton import decode_attention, fused_moe, gate_up_silu, qk_norm_rope, store
     from minisgl.kernel.triton import sample as sample_kernel
     from tools.bench_ablation import gpu_part
 
@@ -311,6 +311,7 @@ def test_the_profiles_count_the_books_triton_kernels_in_their_parts() -> None:
         qk_norm_rope._qk_norm_rope_kernel: "norms, SiLU, RoPE",
         store._store_kv_kernel: "KV store, embedding",
         fused_moe.fused_moe_kernel: "matrix products",
+        gate_up_silu._gate_up_silu_kernel: "matrix products",  # its name says SiLU too
         sample_kernel._gumbel_max_kernel: "sampling",
     }
     assert {k.__name__: gpu_part(k.__name__) for k in expected} == {

@@ -218,6 +218,7 @@ class SelfTimer:
 SPLIT_SIZES_GPU = [1, 16, 64, 256]
 SPLIT_SIZES_CPU = [1, 8, 32]
 GPU_PARTS = [  # the first pattern a kernel's name contains decides its part
+    ("matrix products", ("_gate_up_silu_kernel",)),  # a product that ends with SiLU (P1)
     ("norms, SiLU, RoPE", ("RMSNorm", "norm::", "act_and_mul", "Rotary", "silu", "rope")),
     ("attention", ("BatchDecode", "BatchPrefill", "MergeStates", "flash_fwd", "Attention",
                    "_decode_piece_kernel", "_decode_merge_kernel")),
