@@ -144,3 +144,21 @@ def test_the_split_before_and_after_the_project_names_both_gpus(tmp_path) -> Non
     assert "before: chapter 21's engine (NVIDIA H200)" in text
     assert "after: P1's engine (NVIDIA H100 80GB HBM3)" in text
     assert "host (GPU idle)" in text and "attention" in text
+
+
+def test_the_gate_up_plot_compares_the_two_columns_of_its_batch_run(tmp_path) -> None:
+    """docs/figures/p1-gate-up.svg: drawn twice the same, from the batch run with and without
+    the kernel (its first two columns are those), with the kernel's row limit marked."""
+    import xml.etree.ElementTree as ET
+
+    from minisgl.kernel.triton.gate_up_silu import MAX_ROWS
+    from tools import bench_p1, plot_benchmarks
+
+    data = bench_p1.ROOT / "docs" / "data"
+    labels = list(json.loads((data / "p1-batch-gate-up-h100.json").read_text())["curves"])
+    assert labels[:2] == ["this engine", "this engine, cuBLAS and SiLU"]
+    first = plot_benchmarks.plot_p1_gate_up(data, tmp_path).read_bytes()
+    assert plot_benchmarks.plot_p1_gate_up(data, tmp_path).read_bytes() == first
+    assert ET.fromstring(first).tag.endswith("svg")
+    text = first.decode()
+    assert "H100" in text and f"above {MAX_ROWS} rows the engine runs cuBLAS and SiLU" in text

@@ -15,6 +15,9 @@ docs/data:
   project's kernels, the second on an H100, the third on an H200 after them);
 * p1-batch.svg, p1-batch-h200.svg: output tokens per second against the requests decoding at
   once, both engines and each size's limit (tools/bench_p1.py batch, on an H100 and on an H200);
+* p1-gate-up.svg: how many more tokens per second this engine makes with the gate/up kernel
+  than without, against the requests decoding at once (tools/bench_p1.py batch --variant, on
+  an H100);
 * p1-split.svg: a decode step in parts, one bar per batch size, before the project (chapter
   21's split) and after it (tools/bench_ablation.py split with P1's engine, on an H100).
 
@@ -226,6 +229,37 @@ def batch_curves(results_file: Path, path: Path) -> Path:
     return path
 
 
+def plot_p1_gate_up(data: Path, out: Path) -> Path:
+    """This engine's tokens per second with the gate/up kernel over those without it (the
+    variant `MINISGL_FUSED_GATE_UP_SILU=0`), at each batch size, and the most rows the kernel
+    is used for."""
+    from minisgl.kernel.triton.gate_up_silu import MAX_ROWS
+
+    measured = json.loads((data / "p1-batch-gate-up-h100.json").read_text())
+    with_kernel, without = (measured["curves"][k] for k in list(measured["curves"])[:2])
+    sizes = [point["batch"] for point in with_kernel]
+    gains = [
+        100 * (a["tokens"] / a["seconds"]) / (b["tokens"] / b["seconds"]) - 100
+        for a, b in zip(with_kernel, without)
+    ]
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    ax.bar([str(b) for b in sizes], gains, color=COLOURS[0])
+    ax.axhline(0, color="black", linewidth=0.8)
+    at = sizes.index(MAX_ROWS) + 0.5  # between the last size that uses it and the next
+    ax.axvline(at, color="black", linestyle="--", linewidth=1,
+               label=f"above {MAX_ROWS} rows the engine runs cuBLAS and SiLU")  # fmt: skip
+    ax.set_xlabel("requests decoding at once")
+    ax.set_ylabel("more tokens / s with the kernel, %")
+    ax.set_title(f"{measured['machine']}: prompts of {measured['prompt_len']}, "
+                 f"{measured['new_tokens']} new tokens each", fontsize=9)  # fmt: skip
+    ax.set_ylim(top=1.35 * max(gains))  # room for the legend above the bars
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    path = out / "p1-gate-up.svg"
+    save(fig, path)
+    return path
+
+
 # name -> the function that draws docs/figures/<name>.svg from a folder of measurements
 PLOTS = {
     "ch21-batch": plot_batch,
@@ -236,6 +270,7 @@ PLOTS = {
     "p1-batch": plot_p1_batch,
     "p1-batch-h200": plot_p1_batch_h200,
     "p1-split": plot_p1_split,
+    "p1-gate-up": plot_p1_gate_up,
 }
 
 
