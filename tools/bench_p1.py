@@ -133,7 +133,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Tuple
 
 if TYPE_CHECKING:
     import torch
@@ -446,22 +446,30 @@ def variant_environment(settings: str) -> Dict[str, str]:
 
 
 def engines(
-    source: Path | None, site: Path | None, variants: List[str] | None = None
-) -> Dict[str, Callable[..., Dict]]:
+    source: Path | None,
+    site: Path | None,
+    variants: Sequence[str] = (),
+    jobs: List[Dict] | None = None,
+) -> Dict[str, Callable[..., Any]]:
     """label -> run(profile=None): this checkout's engine, each of its `variants` ("LABEL:
     NAME=VALUE,...": the engine with those environment variables), and, given its sources,
-    upstream's."""
+    upstream's; on the workload, or on `jobs` (then a run gives a result per job)."""
     from tools.bench_gpu import run_in_child, run_official_in_child
 
-    runs: Dict[str, Callable[..., Dict]] = {
-        "this engine": functools.partial(run_in_child, "fi-graphs")
+    given = {} if jobs is None else {"jobs": jobs}
+    runs: Dict[str, Callable[..., Any]] = {
+        "this engine": functools.partial(run_in_child, "fi-graphs", **given)
     }
-    for variant in variants or []:
+    for variant in variants:
         label, _, settings = variant.partition(":")
         env = variant_environment(settings)
-        runs[f"this engine, {label}"] = functools.partial(run_in_child, "fi-graphs", env=env)
+        runs[f"this engine, {label}"] = functools.partial(
+            run_in_child, "fi-graphs", env=env, **given
+        )
     if source is not None:
-        runs["official mini-sglang"] = functools.partial(run_official_in_child, source, site)
+        runs["official mini-sglang"] = functools.partial(
+            run_official_in_child, source, site, **given
+        )
     return runs
 
 
@@ -547,21 +555,8 @@ def batch(
     each size is kept), beside each size's limit."""
     import torch
 
-    from tools.bench_gpu import run_in_child, run_official_in_child
-
     jobs = [job for round in range(repeat) for job in batch_jobs(round=round)]
-    runs: Dict[str, Callable[[], List[Dict]]] = {
-        "this engine": functools.partial(run_in_child, "fi-graphs", jobs=jobs)
-    }
-    for variant in variants:
-        label, _, settings = variant.partition(":")
-        runs[f"this engine, {label}"] = functools.partial(
-            run_in_child, "fi-graphs", jobs=jobs, env=variant_environment(settings)
-        )
-    if source is not None:
-        runs["official mini-sglang"] = functools.partial(
-            run_official_in_child, source, site, jobs=jobs
-        )
+    runs = engines(source, site, variants, jobs=jobs)
     curves = {}
     for label, run in runs.items():
         best: Dict[int, Dict] = {}

@@ -68,7 +68,7 @@ def _gate_up_silu_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    IEEE: tl.constexpr,  # float32 inputs: exact products, not TF32
+    PRECISION: tl.constexpr,  # "ieee" for float32 inputs (exact products, not TF32)
 ):
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     columns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -84,12 +84,8 @@ def _gate_up_silu_kernel(
         w_gate = tl.load(weight + columns[:, None] * K + inputs[None, :], mask=w_mask, other=0.0)
         w_up = tl.load(weight + (INTER + columns[:, None]) * K + inputs[None, :], mask=w_mask,
                        other=0.0)  # fmt: skip
-        if IEEE:
-            gate = tl.dot(a, tl.trans(w_gate), gate, input_precision="ieee")
-            up = tl.dot(a, tl.trans(w_up), up, input_precision="ieee")
-        else:
-            gate = tl.dot(a, tl.trans(w_gate), gate)
-            up = tl.dot(a, tl.trans(w_up), up)
+        gate = tl.dot(a, tl.trans(w_gate), gate, input_precision=PRECISION)
+        up = tl.dot(a, tl.trans(w_up), up, input_precision=PRECISION)
     dtype = out.dtype.element_ty
     gate = gate.to(dtype).to(tl.float32)  # rounded as the product's output would be
     up = up.to(dtype).to(tl.float32)
@@ -124,7 +120,7 @@ def gate_up_silu_triton(
         BLOCK_M=tile.block_m,
         BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k,
-        IEEE=x.dtype == torch.float32,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # 16 bits: no effect
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
     )
