@@ -406,6 +406,37 @@ def test_the_split_k_product_is_f_linears(rows: int) -> None:
         split_k_linear(x, weight, 3, 32, 64)  # 512 inputs do not cut into 3 slices of 64s
 
 
+@pytest.mark.parametrize("rows, block_m", [(3, None), (40, 16)])
+def test_the_split_product_with_the_add_and_norm_is_the_layers(rows: int, block_m) -> None:
+    """`bench_p1.py split-k-norm`'s candidate, in Triton's interpreter and float32: the product
+    split into slices, then the residual stream plus the product (in place) and its RMS norm
+    in FlashInfer's order, against the same in torch; rows in one tile and in three."""
+    import torch.nn.functional as F
+
+    from tools.split_k import split_k_add_norm, split_k_linear
+
+    gen = torch.Generator().manual_seed(rows)
+    x, weight = torch.randn(rows, 512, generator=gen), torch.randn(128, 512, generator=gen)
+    residual = torch.randn(rows, 128, generator=gen)
+    norm_weight = 0.5 + torch.rand(128, generator=gen)
+    stream = F.linear(x, weight) + residual
+    expected = stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_weight
+    got = split_k_add_norm(x, weight, residual, norm_weight, 1e-6, 4, 32, 64, block_m=block_m)
+    torch.testing.assert_close(residual, stream, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    sliced = split_k_linear(x, weight, 2, 32, 64, block_m=block_m)
+    torch.testing.assert_close(sliced, F.linear(x, weight), rtol=1e-5, atol=1e-4)
+
+
+def test_split_k_norm_tries_row_tiles_from_a_quarter_of_the_batch_to_all_of_it() -> None:
+    settings = {b: bench_p1.split_k_norm_settings(b) for b in (1, 24, 120, 256)}
+    assert {s[1] for s in settings[1]} == {16}
+    assert {s[1] for s in settings[24]} == {16, 32}
+    assert {s[1] for s in settings[120]} == {32, 64, 128}
+    assert {s[1] for s in settings[256]} == {64, 128}
+    assert len(settings[256]) == 4 * 2 * 3 * 2  # slices, rows, outputs, inputs
+
+
 def test_the_workload_limit_covers_upstreams_requests() -> None:
     from minisgl.benchmark.offline import make_offline_workload
 

@@ -23,6 +23,7 @@ engine before and after the project and beside the official one, and where the t
     python tools/bench_p1.py sampler        # the Gumbel-max sampler against FlashInfer's
     python tools/bench_p1.py matmuls        # the decode steps' matrix products, cuBLAS(Lt)
     python tools/bench_p1.py split-k        # o and down split over K, in Triton, vs cuBLAS
+    python tools/bench_p1.py split-k-norm   # the same, its second kernel the add-and-norm
     python tools/bench_p1.py compiled       # the decode kernel as compiled for Hopper (no GPU)
     python tools/bench_p1.py counters [--set loop] [--steps 129,577]
                                             # ... under Nsight Compute: what its warps wait on
@@ -116,6 +117,13 @@ against a Triton product that cuts the sum over the inputs into slices
 (`tools/split_k.py`), each setting of it (slices, tile sizes) timed in a CUDA graph and the
 fastest kept, with its largest difference from cuBLAS's result.
 
+**split-k-norm.** o and down as a decode step runs them, each followed by the add-and-norm
+of the residual stream, at the batch of every 64th step of the run: cuBLAS and FlashInfer's
+`fused_add_rmsnorm` against the split product whose second kernel does the add-and-norm
+(`tools/split_k.py`), the fastest of its settings (slices, tiles) at each batch. Every call
+of a timing reads its own copy of the weights, as a layer does, not a copy the L2 still
+holds; the whole run's estimate; the largest difference from FlashInfer's result.
+
 **compiled.** On any machine: the decode kernel's pieces as Triton compiles them for the
 H100 and H200, with the alignment a launch from the engine gives (`tools/compiled_kernel.py`):
 registers, shared memory, programs per SM, and the PTX's loads, stores and products.
@@ -174,6 +182,13 @@ SPLIT_K_OUT = ROOT / "docs" / "data" / "p1-split-k.md"
 SPLIT_K_BATCHES = (1, 8, 16, 32, 64)
 # (slices of K, outputs per tile, inputs per load): the settings split-k tries
 SPLIT_K_SETTINGS = [(s, n, k) for s in (2, 4, 8, 16) for n in (32, 64, 128) for k in (64, 128)]
+SPLIT_K_NORM_OUT = ROOT / "docs" / "data" / "p1-split-k-norm.md"
+# (slices of K, rows per tile, outputs per tile, inputs per load): what split-k-norm tries
+SPLIT_K_NORM_SETTINGS = [
+    (s, m, n, k)
+    for s in (1, 2, 4, 8) for m in (16, 32, 64, 128) for n in (32, 64, 128) for k in (64, 128)
+]  # fmt: skip
+COLD_WEIGHTS = 20  # copies of a weight, one per call of a timing: more than the L2 holds
 RUN_TIMEOUT_S = 150  # one benchmark run: imports, start-up, warm-up and about 7 s timed
 # logits of 8 tokens, all of different sizes: the samplers' draws are checked against them
 SAMPLER_LOGITS = [2.0, 1.0, 0.5, 0.0, -1.0, 1.5, 0.2, -3.0]
@@ -1679,6 +1694,153 @@ def split_k(out: Path) -> None:
     print(out.read_text())
 
 
+def cold_microseconds(calls: Sequence[Callable[[], object]]) -> float:
+    """The GPU's time per call of `calls`, captured one after another in a CUDA graph and
+    replayed 10 times (the median): each call reads its own weights, so none finds them in
+    the L2 cache, as a layer of a decode step does not."""
+    import torch
+
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    return statistics.median(times)
+
+
+def split_k_norm_settings(batch: int) -> List[Tuple[int, int, int, int]]:
+    """The settings split-k-norm tries at a batch: tiles of rows from a quarter of the batch
+    (rounded up to a power of two) to all of it, as tl.dot allows (16 rows or more)."""
+    rows = max(16, 1 << (batch - 1).bit_length())
+    return [s for s in SPLIT_K_NORM_SETTINGS if rows // 4 <= s[1] <= rows]
+
+
+def split_k_norm(out: Path, every: int = 64) -> None:
+    """o and down, each with the add-and-norm after it, at the run's decode batches: cuBLAS
+    and FlashInfer against `split_k_add_norm` (see the module's docstring)."""
+    import flashinfer
+    import torch
+    import torch.nn.functional as F
+    from triton.runtime.errors import OutOfResources
+
+    from minisgl.engine.graph import _determine_cuda_graph_bs
+    from tools.bench_gpu import QWEN3_0_6B
+    from tools.bench_kernels import gpu_microseconds as warm_microseconds
+    from tools.split_k import split_k_add_norm
+
+    hw, layers = this_gpu(), QWEN3_0_6B["num_hidden_layers"]
+    eps = QWEN3_0_6B["rms_norm_eps"]
+    products = {n: s for n, s in decode_products(QWEN3_0_6B).items() if n in ("o", "down")}
+    sizes = _determine_cuda_graph_bs(None, 256, 0, torch.device("cuda"))  # as bench_gpu's run
+    shapes = [(step, graph_batch(len(c), sizes), len(c)) for step, c in run_decode_shapes(every)]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    hidden = QWEN3_0_6B["hidden_size"]
+    norm_weight = 1 + 0.1 * torch.randn(hidden, generator=gen, device="cuda")
+    norm_weight = norm_weight.to(torch.bfloat16)
+    cublas: Dict[Tuple[str, int], Tuple[float, float]] = {}  # cold, warm
+    best: Dict[Tuple[str, int], Tuple[float, Tuple[int, int, int, int]]] = {}
+    differ = [
+        0.0,
+        0,
+        0,
+    ]  # the largest difference of the normalised outputs, elements differing, all
+    for name, (k, n) in products.items():
+        weights = [
+            torch.randn(n, k, generator=gen, device="cuda", dtype=torch.bfloat16) * k**-0.5
+            for _ in range(COLD_WEIGHTS)
+        ]
+        for batch in sorted({b for _, b, _ in shapes}):
+            x = torch.randn(batch, k, generator=gen, device="cuda", dtype=torch.bfloat16)
+            residual = torch.randn(batch, n, generator=gen, device="cuda", dtype=torch.bfloat16)
+
+            def unfused(weight: torch.Tensor) -> None:
+                flashinfer.fused_add_rmsnorm(F.linear(x, weight), residual, norm_weight, eps)  # noqa: B023
+
+            calls = [functools.partial(unfused, w) for w in weights]
+            cublas[name, batch] = (cold_microseconds(calls), warm_microseconds(calls[0]))
+            for setting in split_k_norm_settings(batch):
+                split, block_m, block_n, block_k = setting
+                if k % (split * block_k):
+                    continue
+                partial = torch.empty(split, batch, n, device="cuda", dtype=torch.float32)
+                result = torch.empty_like(residual)
+                calls = [
+                    functools.partial(
+                        split_k_add_norm, x, w, residual, norm_weight, eps, split, block_n,
+                        block_k, block_m, partial, result,
+                    )
+                    for w in weights
+                ]  # fmt: skip
+                try:
+                    us = cold_microseconds(calls)
+                except OutOfResources:  # more shared memory than an SM has
+                    torch.cuda.synchronize()
+                    continue
+                if (name, batch) not in best or us < best[name, batch][0]:
+                    best[name, batch] = (us, setting)
+            split, block_m, block_n, block_k = best[name, batch][1]
+            expected, stream = F.linear(x, weights[0]), residual.clone()
+            flashinfer.fused_add_rmsnorm(expected, stream, norm_weight, eps)
+            ours = residual.clone()
+            got = split_k_add_norm(
+                x, weights[0], ours, norm_weight, eps, split, block_n, block_k, block_m
+            )
+            gap = (got.float() - expected.float()).abs()
+            differ[0] = max(
+                differ[0], gap.max().item(), (ours.float() - stream.float()).abs().max().item()
+            )
+            differ[1] += int((gap > 0).sum().item())
+            differ[2] += gap.numel()
+    steps = [step for step, _, _ in shapes]
+    rows = [
+        "| step | batch | graph | o: cuBLAS + add-and-norm us | o: split us | its setting | "
+        "down: cuBLAS + add-and-norm us | down: split us | its setting |",
+        "| ---: | ---: | ---: | ---: | ---: | :---: | ---: | ---: | :---: |",
+    ]
+    for step, batch, running in shapes:
+        cells = []
+        for name in products:
+            cells += [f"{cublas[name, batch][0]:.1f}", f"{best[name, batch][0]:.1f}",
+                      ", ".join(map(str, best[name, batch][1]))]  # fmt: skip
+        rows.append(f"| {step} | {running} | {batch} | " + " | ".join(cells) + " |")
+        print(rows[-1], flush=True)
+
+    def run_seconds(times: Callable[[int], float]) -> float:
+        return whole_run(steps, [times(b) for _, b, _ in shapes], layers)
+
+    before = run_seconds(lambda b: sum(cublas[n, b][0] for n in products))
+    after = run_seconds(lambda b: sum(min(cublas[n, b][0], best[n, b][0]) for n in products))
+    warm = ", ".join(
+        f"{n} {cublas[n, b][1]:.1f} against {cublas[n, b][0]:.1f}"
+        for b in (shapes[0][1], shapes[-1][1]) for n in products
+    )  # fmt: skip
+    floor = sum(k * n * 2 for k, n in products.values()) / hw.memory_bytes_per_s * 1e6
+    out.write_text(
+        "\n".join(rows) + f"\n\nSettings: slices, rows, outputs and inputs per tile. The whole "
+        f"run's decode steps, estimated ({layers} layers, steps in between interpolated): o "
+        f"and down with their add-and-norms {before:.3f} s by cuBLAS and FlashInfer, "
+        f"{after:.3f} s taking the faster at each batch ({before - after:.3f} s less). Reading "
+        f"both weights once takes {floor:.1f} us a layer at {hw.memory_bytes_per_s / 1e12:.2f} "
+        f"TB/s ({hw.name}'s datasheet). Each timed as {COLD_WEIGHTS} calls in a CUDA graph, "
+        f"each with its own copy of the weights, the median of 10 replays; with one copy, warm "
+        f"in the L2, cuBLAS + add-and-norm take (us, at {shapes[0][1]} and {shapes[-1][1]} "
+        f"rows) {warm}. Largest difference from FlashInfer's result (normalised output and "
+        f"residual, bfloat16) {differ[0]:.3g}; {differ[1]} of {differ[2]} outputs differ. One "
+        f"{torch.cuda.get_device_name()}.\n"
+    )
+    print(out.read_text())
+
+
 def gate_up(out: Path, every: int = 16) -> None:
     """The gate/up product and SiLU of one layer, unfused and by the book's kernel, at the
     run's decode batches (see the module's docstring)."""
@@ -1789,6 +1951,7 @@ def main() -> None:
             "sampler",
             "matmuls",
             "split-k",
+            "split-k-norm",
             "compiled",
             "counters",
         ],
@@ -1852,6 +2015,8 @@ def main() -> None:
         matmuls(args.out or MATMULS_OUT)
     elif args.what == "split-k":
         split_k(args.out or SPLIT_K_OUT)
+    elif args.what == "split-k-norm":
+        split_k_norm(args.out or SPLIT_K_NORM_OUT)
     elif args.what == "compiled":
         from tools.compiled_kernel import OUT as COMPILED_OUT
         from tools.compiled_kernel import compiled
