@@ -21,6 +21,12 @@
     ENV.FUSED_GATE_UP_SILU           the MLP's gate/up product and SiLU in one Triton kernel
                                      on a GPU in 16 bits, at up to 64 rows (project P1);
                                      MINISGL_FUSED_GATE_UP_SILU=0 runs cuBLAS and FlashInfer
+    ENV.SPLIT_O_DOWN                 MINISGL_SPLIT_O_DOWN=1 runs a dense decoder's o and down
+                                     products on a GPU in 16 bits, at up to 256 rows, as a
+                                     Triton product split over its inputs whose second kernel
+                                     is the add-and-norm after it (project P1)
+    ENV.SPLIT_TILES                  MINISGL_SPLIT_TILES="2048:64=4,16,32,128;..." changes
+                                     that kernel's tiles (P1's measurements)
     ENV.GUMBEL_SAMPLING              temperature sampling without top-k/top-p by the Triton
                                      Gumbel-max kernel on a GPU (project P1);
                                      MINISGL_GUMBEL_SAMPLING=0 samples with FlashInfer instead
@@ -107,6 +113,8 @@ class EnvClassSingleton:
     TRITON_DECODE_SETTINGS = EnvSettings()
     TRITON_PDL = EnvBool(False)
     FUSED_GATE_UP_SILU = EnvBool(True)
+    SPLIT_O_DOWN = EnvBool(False)
+    SPLIT_TILES = EnvVar("", str)
     GUMBEL_SAMPLING = EnvBool(True)
     # how the shell (python -m minisgl.shell, chapter 15) samples its answers
     SHELL_MAX_TOKENS = EnvInt(2048)

@@ -406,26 +406,16 @@ def test_the_split_k_product_is_f_linears(rows: int) -> None:
         split_k_linear(x, weight, 3, 32, 64)  # 512 inputs do not cut into 3 slices of 64s
 
 
-@pytest.mark.parametrize("rows, block_m", [(3, None), (40, 16)])
-def test_the_split_product_with_the_add_and_norm_is_the_layers(rows: int, block_m) -> None:
-    """`bench_p1.py split-k-norm`'s candidate, in Triton's interpreter and float32: the product
-    split into slices, then the residual stream plus the product (in place) and its RMS norm
-    in FlashInfer's order, against the same in torch; rows in one tile and in three."""
+@pytest.mark.parametrize("block_m", [None, 16])
+def test_the_split_k_product_takes_its_rows_in_tiles(block_m) -> None:
     import torch.nn.functional as F
 
-    from tools.split_k import split_k_add_norm, split_k_linear
+    from tools.split_k import split_k_linear
 
-    gen = torch.Generator().manual_seed(rows)
-    x, weight = torch.randn(rows, 512, generator=gen), torch.randn(128, 512, generator=gen)
-    residual = torch.randn(rows, 128, generator=gen)
-    norm_weight = 0.5 + torch.rand(128, generator=gen)
-    stream = F.linear(x, weight) + residual
-    expected = stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_weight
-    got = split_k_add_norm(x, weight, residual, norm_weight, 1e-6, 4, 32, 64, block_m=block_m)
-    torch.testing.assert_close(residual, stream, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    sliced = split_k_linear(x, weight, 2, 32, 64, block_m=block_m)
-    torch.testing.assert_close(sliced, F.linear(x, weight), rtol=1e-5, atol=1e-4)
+    gen = torch.Generator().manual_seed(40)
+    x, weight = torch.randn(40, 512, generator=gen), torch.randn(128, 512, generator=gen)
+    got = split_k_linear(x, weight, 2, 32, 64, block_m=block_m)
+    torch.testing.assert_close(got, F.linear(x, weight), rtol=1e-5, atol=1e-4)
 
 
 def test_split_k_norm_tries_row_tiles_from_a_quarter_of_the_batch_to_all_of_it() -> None:
@@ -1170,3 +1160,90 @@ def test_counters_profiles_each_kernel_and_step_in_a_process_of_its_own(
     assert "2.00 |" in rows[0]  # 2 MB in 1 us
     assert "Not profiled: page loop at step 577: ncu rc 3." in out.read_text()
     assert "Version 2099.1" in out.read_text()
+
+
+# ------------------------------------- o and down split over their inputs, with the add-and-norm
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_the_split_product_adds_to_the_stream_and_normalises_it(rows: int) -> None:
+    """In Triton's interpreter and float32 (exact products): the table's tile and smaller
+    ones, on sizes that are no multiple of the tiles (masked edges, a last slice shorter than
+    the others) and a strided x; the residual is updated in place."""
+    import torch.nn.functional as F
+
+    from minisgl.kernel.triton.product_add_norm import SplitTile, product_add_rmsnorm, split_tile
+
+    gen = torch.Generator().manual_seed(rows)
+    wide = torch.randn(rows, 300, generator=gen)
+    x, weight = wide[:, :200], torch.randn(72, 200, generator=gen)  # x: rows 300 apart
+    norm_weight = 0.5 + torch.rand(72, generator=gen)
+    start = torch.randn(rows, 72, generator=gen)
+    stream = F.linear(x, weight) + start
+    expected = stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_weight
+    tiles = (split_tile(200, rows), SplitTile(3, 16, 32, 32), SplitTile(1, 16, 16, 64))
+    for tile in tiles:
+        residual = start.clone()
+        got = product_add_rmsnorm(x, weight, residual, norm_weight, 1e-6, tile)
+        torch.testing.assert_close(residual, stream, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_split_tiles_cover_every_decode_batch_and_parse_from_the_environment(
+    monkeypatch,
+) -> None:
+    from minisgl.kernel.triton import product_add_norm as split
+
+    for tiles in (*split.SPLIT_TILES.values(), split.DEFAULT_TILES):
+        assert [most for most, _ in tiles] == sorted(most for most, _ in tiles)
+        assert tiles[-1][0] == split.MAX_ROWS
+        assert all(t.block_m >= 16 and t.block_n >= 16 and t.block_k >= 16 for _, t in tiles)
+    assert split.split_tile(2048, 1) is split.SPLIT_TILES[2048][0][1]
+    assert split.split_tile(1000, split.MAX_ROWS) is split.DEFAULT_TILES[-1][1]
+    given = "3072:256=2,64,64,64; 3072:8=8,16,32,128"
+    monkeypatch.setattr(ENV.SPLIT_TILES, "value", given)
+    assert split.split_tile(3072, 8) == split.SplitTile(8, 16, 32, 128)
+    assert split.split_tile(3072, 9) == split.SplitTile(2, 64, 64, 64)
+    assert split.split_tile(2048, 1) is split.SPLIT_TILES[2048][0][1]  # K not given: the table
+
+
+def test_the_model_splits_o_and_down_only_where_asked(model_path, monkeypatch) -> None:
+    """A tiny Qwen3 (float32, the interpreter standing in for the GPU) gives the same logits
+    and tokens with o and down split, each ending with the add-and-norm after it, as without;
+    the split form runs only when turned on, on a GPU, at up to MAX_ROWS rows."""
+    from minisgl.kernel.triton.product_add_norm import MAX_ROWS
+    from minisgl.llm import LLM
+    from minisgl.models import utils
+
+    def run(split: bool) -> Any:
+        monkeypatch.setattr(ENV.SPLIT_O_DOWN, "value", split)
+        logits: List[torch.Tensor] = []
+        with LLM(str(model_path("tiny-qwen3")), dtype=torch.float32, attention_backend="torch",
+                 page_size=4, num_page_override=64, max_running_req=4,
+                 cuda_graph_max_bs=0) as llm:  # fmt: skip
+            sample = llm.engine.sampler.sample
+            llm.engine.sampler.sample = lambda x, args: (  # type: ignore[method-assign]
+                logits.append(x.clone()) or sample(x, args)
+            )
+            params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+            outs = llm.generate([[5, 6, 7, 9], [8, 9]], [params, params])
+            model = llm.engine.model.model
+        return [o["token_ids"] for o in outs], torch.cat(logits), model
+
+    monkeypatch.setattr(utils, "flashinfer_for", lambda x: "kernels")  # as on a GPU
+    calls: List[int] = []
+    forward_split = utils.DecoderLayer.forward_split
+    monkeypatch.setattr(
+        utils.DecoderLayer, "forward_split",
+        lambda self, *a: calls.append(1) or forward_split(self, *a),
+    )  # fmt: skip
+    plain_tokens, plain_logits, model = run(split=False)
+    assert not calls
+    tokens, logits, _ = run(split=True)
+    layers = len(model.layers.op_list)
+    assert len(calls) == 3 * layers  # one prefill and two decode steps, every layer
+    assert tokens == plain_tokens and len(tokens[0]) == 3
+    torch.testing.assert_close(logits, plain_logits, rtol=1e-4, atol=1e-4)
+    hidden = model.embed_tokens.weight.shape[1]
+    assert model._split_o_down(torch.zeros(MAX_ROWS, hidden))
+    assert not model._split_o_down(torch.zeros(MAX_ROWS + 1, hidden))  # a prefill's rows
+    monkeypatch.setattr(utils, "flashinfer_for", lambda x: None)  # a CPU or float32
+    assert not model._split_o_down(torch.zeros(1, hidden))

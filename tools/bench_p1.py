@@ -118,9 +118,10 @@ against a Triton product that cuts the sum over the inputs into slices
 fastest kept, with its largest difference from cuBLAS's result.
 
 **split-k-norm.** o and down as a decode step runs them, each followed by the add-and-norm
-of the residual stream, at the batch of every 64th step of the run: cuBLAS and FlashInfer's
+of the residual stream, at the batch of every 128th step of the run: cuBLAS and FlashInfer's
 `fused_add_rmsnorm` against the split product whose second kernel does the add-and-norm
-(`tools/split_k.py`), the fastest of its settings (slices, tiles) at each batch. Every call
+(`minisgl/kernel/triton/product_add_norm.py`), with the engine's tiles and the fastest of
+its settings (slices, tiles) at each batch; then the engine's tokens with it and without. Every call
 of a timing reads its own copy of the weights, as a layer does, not a copy the L2 still
 holds; the whole run's estimate; the largest difference from FlashInfer's result.
 
@@ -1725,18 +1726,20 @@ def split_k_norm_settings(batch: int) -> List[Tuple[int, int, int, int]]:
     return [s for s in SPLIT_K_NORM_SETTINGS if rows // 4 <= s[1] <= rows]
 
 
-def split_k_norm(out: Path, every: int = 64) -> None:
+def split_k_norm(out: Path, every: int = 128) -> None:
     """o and down, each with the add-and-norm after it, at the run's decode batches: cuBLAS
-    and FlashInfer against `split_k_add_norm` (see the module's docstring)."""
+    and FlashInfer against `product_add_rmsnorm` (minisgl/kernel/triton/product_add_norm.py)
+    with the engine's tile and with the fastest of SPLIT_K_NORM_SETTINGS. Writes the table
+    and, beside it (.tiles), the fastest tiles as MINISGL_SPLIT_TILES takes them."""
     import flashinfer
     import torch
     import torch.nn.functional as F
     from triton.runtime.errors import OutOfResources
 
     from minisgl.engine.graph import _determine_cuda_graph_bs
+    from minisgl.kernel.triton.product_add_norm import SplitTile, product_add_rmsnorm, split_tile
     from tools.bench_gpu import QWEN3_0_6B
     from tools.bench_kernels import gpu_microseconds as warm_microseconds
-    from tools.split_k import split_k_add_norm
 
     hw, layers = this_gpu(), QWEN3_0_6B["num_hidden_layers"]
     eps = QWEN3_0_6B["rms_norm_eps"]
@@ -1748,12 +1751,9 @@ def split_k_norm(out: Path, every: int = 64) -> None:
     norm_weight = 1 + 0.1 * torch.randn(hidden, generator=gen, device="cuda")
     norm_weight = norm_weight.to(torch.bfloat16)
     cublas: Dict[Tuple[str, int], Tuple[float, float]] = {}  # cold, warm
-    best: Dict[Tuple[str, int], Tuple[float, Tuple[int, int, int, int]]] = {}
-    differ = [
-        0.0,
-        0,
-        0,
-    ]  # the largest difference of the normalised outputs, elements differing, all
+    engine: Dict[Tuple[str, int], float] = {}
+    best: Dict[Tuple[str, int], Tuple[float, SplitTile]] = {}
+    differ = [0.0, 0, 0]  # the largest difference; outputs that differ; outputs compared
     for name, (k, n) in products.items():
         weights = [
             torch.randn(n, k, generator=gen, device="cuda", dtype=torch.bfloat16) * k**-0.5
@@ -1764,54 +1764,54 @@ def split_k_norm(out: Path, every: int = 64) -> None:
             residual = torch.randn(batch, n, generator=gen, device="cuda", dtype=torch.bfloat16)
 
             def unfused(weight: torch.Tensor) -> None:
-                flashinfer.fused_add_rmsnorm(F.linear(x, weight), residual, norm_weight, eps)  # noqa: B023
+                y = F.linear(x, weight)  # noqa: B023
+                flashinfer.fused_add_rmsnorm(y, residual, norm_weight, eps)  # noqa: B023
+
+            def split(tile: SplitTile, x=x, residual=residual, weights=weights) -> float:
+                return cold_microseconds([
+                    functools.partial(product_add_rmsnorm, x, w, residual, norm_weight, eps, tile)
+                    for w in weights
+                ])  # fmt: skip
 
             calls = [functools.partial(unfused, w) for w in weights]
             cublas[name, batch] = (cold_microseconds(calls), warm_microseconds(calls[0]))
+            engine[name, batch] = split(split_tile(k, batch))
             for setting in split_k_norm_settings(batch):
-                split, block_m, block_n, block_k = setting
-                if k % (split * block_k):
+                if k % (setting[0] * setting[3]):
                     continue
-                partial = torch.empty(split, batch, n, device="cuda", dtype=torch.float32)
-                result = torch.empty_like(residual)
-                calls = [
-                    functools.partial(
-                        split_k_add_norm, x, w, residual, norm_weight, eps, split, block_n,
-                        block_k, block_m, partial, result,
-                    )
-                    for w in weights
-                ]  # fmt: skip
+                tile = SplitTile(*setting)
                 try:
-                    us = cold_microseconds(calls)
+                    us = split(tile)
                 except OutOfResources:  # more shared memory than an SM has
                     torch.cuda.synchronize()
                     continue
                 if (name, batch) not in best or us < best[name, batch][0]:
-                    best[name, batch] = (us, setting)
-            split, block_m, block_n, block_k = best[name, batch][1]
+                    best[name, batch] = (us, tile)
             expected, stream = F.linear(x, weights[0]), residual.clone()
             flashinfer.fused_add_rmsnorm(expected, stream, norm_weight, eps)
             ours = residual.clone()
-            got = split_k_add_norm(
-                x, weights[0], ours, norm_weight, eps, split, block_n, block_k, block_m
-            )
+            got = product_add_rmsnorm(x, weights[0], ours, norm_weight, eps, best[name, batch][1])
             gap = (got.float() - expected.float()).abs()
-            differ[0] = max(
-                differ[0], gap.max().item(), (ours.float() - stream.float()).abs().max().item()
-            )
+            stream_gap = (ours.float() - stream.float()).abs().max().item()
+            differ[0] = max(differ[0], gap.max().item(), stream_gap)
             differ[1] += int((gap > 0).sum().item())
             differ[2] += gap.numel()
     steps = [step for step, _, _ in shapes]
-    rows = [
-        "| step | batch | graph | o: cuBLAS + add-and-norm us | o: split us | its setting | "
-        "down: cuBLAS + add-and-norm us | down: split us | its setting |",
-        "| ---: | ---: | ---: | ---: | ---: | :---: | ---: | ---: | :---: |",
-    ]
+
+    def label(tile: SplitTile) -> str:
+        return f"{tile.slices}, {tile.block_m}, {tile.block_n}, {tile.block_k}"
+
+    columns = []
+    for name in products:
+        columns += [f"{name}: cuBLAS + add-and-norm us", f"{name}: split us", "fastest us",
+                    "its tile"]  # fmt: skip
+    rows = ["| step | batch | graph | " + " | ".join(columns) + " |",
+            "| ---: | ---: | ---: |" + " ---: | ---: | ---: | :---: |" * len(products)]  # fmt: skip
     for step, batch, running in shapes:
         cells = []
         for name in products:
-            cells += [f"{cublas[name, batch][0]:.1f}", f"{best[name, batch][0]:.1f}",
-                      ", ".join(map(str, best[name, batch][1]))]  # fmt: skip
+            cells += [f"{cublas[name, batch][0]:.1f}", f"{engine[name, batch]:.1f}",
+                      f"{best[name, batch][0]:.1f}", label(best[name, batch][1])]  # fmt: skip
         rows.append(f"| {step} | {running} | {batch} | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)
 
@@ -1819,24 +1819,31 @@ def split_k_norm(out: Path, every: int = 64) -> None:
         return whole_run(steps, [times(b) for _, b, _ in shapes], layers)
 
     before = run_seconds(lambda b: sum(cublas[n, b][0] for n in products))
-    after = run_seconds(lambda b: sum(min(cublas[n, b][0], best[n, b][0]) for n in products))
+    split_run = run_seconds(lambda b: sum(engine[n, b] for n in products))
+    fastest = run_seconds(lambda b: sum(best[n, b][0] for n in products))
     warm = ", ".join(
         f"{n} {cublas[n, b][1]:.1f} against {cublas[n, b][0]:.1f}"
         for b in (shapes[0][1], shapes[-1][1]) for n in products
     )  # fmt: skip
+    tiles = ";".join(
+        f"{k}:{b}={','.join(label(best[n, b][1]).split(', '))}"
+        for n, (k, _) in products.items() for b in sorted({b for _, b, _ in shapes})
+    )  # fmt: skip
+    out.with_suffix(".tiles").write_text(tiles + "\n")
+    tokens = same_tokens_both_ways("SPLIT_O_DOWN", "o and down split", must_match=False)
     floor = sum(k * n * 2 for k, n in products.values()) / hw.memory_bytes_per_s * 1e6
     out.write_text(
-        "\n".join(rows) + f"\n\nSettings: slices, rows, outputs and inputs per tile. The whole "
-        f"run's decode steps, estimated ({layers} layers, steps in between interpolated): o "
-        f"and down with their add-and-norms {before:.3f} s by cuBLAS and FlashInfer, "
-        f"{after:.3f} s taking the faster at each batch ({before - after:.3f} s less). Reading "
-        f"both weights once takes {floor:.1f} us a layer at {hw.memory_bytes_per_s / 1e12:.2f} "
-        f"TB/s ({hw.name}'s datasheet). Each timed as {COLD_WEIGHTS} calls in a CUDA graph, "
-        f"each with its own copy of the weights, the median of 10 replays; with one copy, warm "
-        f"in the L2, cuBLAS + add-and-norm take (us, at {shapes[0][1]} and {shapes[-1][1]} "
-        f"rows) {warm}. Largest difference from FlashInfer's result (normalised output and "
-        f"residual, bfloat16) {differ[0]:.3g}; {differ[1]} of {differ[2]} outputs differ. One "
-        f"{torch.cuda.get_device_name()}.\n"
+        "\n".join(rows) + f"\n\nTiles: slices, rows, outputs, inputs a load. The whole run's "
+        f"decode steps, estimated ({layers} layers, steps in between interpolated): o and down "
+        f"with their add-and-norms {before:.3f} s by cuBLAS and FlashInfer, {split_run:.3f} s "
+        f"split with the engine's tiles, {fastest:.3f} s with the fastest. Reading both "
+        f"weights once takes {floor:.1f} us a layer at {hw.memory_bytes_per_s / 1e12:.2f} TB/s "
+        f"({hw.name}'s datasheet). Each timed as {COLD_WEIGHTS} calls in a CUDA graph, each "
+        f"with its own copy of the weights, the median of 10 replays; with one copy, warm in "
+        f"the L2, cuBLAS + add-and-norm take (us, at {shapes[0][1]} and {shapes[-1][1]} rows) "
+        f"{warm}. Largest difference from FlashInfer's result (normalised output and "
+        f"residual, bfloat16) {differ[0]:.3g}; {differ[1]} of {differ[2]} outputs differ. "
+        f"{tokens}One {torch.cuda.get_device_name()}.\n"
     )
     print(out.read_text())
 

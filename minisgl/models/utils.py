@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Tuple
 import torch
 
 from minisgl.core import get_global_ctx
+from minisgl.distributed import tp_info_or_one
 from minisgl.env import ENV
 from minisgl.layers import (
     AttentionLayer,
@@ -55,11 +56,15 @@ class GatedMLP(BaseOP):
 
     @nvtx_annotate("MLP")
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj.forward(self.activate(x))
+
+    def activate(self, x: torch.Tensor) -> torch.Tensor:
+        """act(gate(x)) * up(x): the down product's input."""
         if self._fused_gate_up_silu(x):
             from minisgl.kernel.triton.gate_up_silu import gate_up_silu_triton
 
-            return self.down_proj.forward(gate_up_silu_triton(x, self.gate_up_proj.weight))
-        return self.down_proj.forward(self.act_fn(self.gate_up_proj.forward(x)))
+            return gate_up_silu_triton(x, self.gate_up_proj.weight)
+        return self.act_fn(self.gate_up_proj.forward(x))
 
     def _fused_gate_up_silu(self, x: torch.Tensor) -> bool:
         """Project P1's kernel for the gate/up product and SiLU: unless turned off (ENV), for
@@ -135,7 +140,11 @@ class RopeAttn(BaseOP):
 
     @nvtx_annotate("MHA")
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.o_proj.forward(self.attn.forward(self.qkv_proj.forward(x)))
+        return self.o_proj.forward(self.attend(x))
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs, side by side: the o product's input."""
+        return self.attn.forward(self.qkv_proj.forward(x))
 
 
 class DecoderLayer(BaseOP):
@@ -161,6 +170,24 @@ class DecoderLayer(BaseOP):
         x, residual = self.post_attention_layernorm.forward(x, residual)
         return self.mlp.forward(x), residual
 
+    @nvtx_annotate("Layer_{}", layer_id_field="_layer_id")
+    def forward_split(
+        self, x: torch.Tensor, residual: torch.Tensor, next_norm: RMSNormFused
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Project P1's form of `forward` (see `DecoderModel._split_o_down`): x comes in
+        normalised, by the layer before (or the model's start), and o and down each end with
+        the add-and-norm after them, down's with `next_norm`, the next layer's input norm."""
+        from minisgl.kernel.triton.product_add_norm import product_add_rmsnorm
+
+        after_attn, after_mlp = self.post_attention_layernorm, next_norm
+        heads = self.self_attn.attend(x)
+        o_weight = self.self_attn.o_proj.weight
+        x = product_add_rmsnorm(heads, o_weight, residual, after_attn.weight, after_attn.eps)
+        hidden = self.mlp.activate(x)
+        down_weight = self.mlp.down_proj.weight
+        x = product_add_rmsnorm(hidden, down_weight, residual, after_mlp.weight, after_mlp.eps)
+        return x, residual
+
 
 class DecoderModel(BaseOP):
     """Embedding, the layers, the final norm: token ids in, hidden states out."""
@@ -177,10 +204,41 @@ class DecoderModel(BaseOP):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens.forward(input_ids)
+        if self._split_o_down(x):
+            return self._forward_split(x)
         residual: torch.Tensor | None = None
         for layer in self.layers.op_list:
             x, residual = layer.forward(x, residual)
         return self.norm.forward(x, residual)[0]
+
+    def _forward_split(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers with o and down ending in the add-and-norm after them: each layer's
+        down product ends with the next layer's input norm, the last one's with the final."""
+        layers = self.layers.op_list
+        next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.norm]
+        x, residual = layers[0].input_layernorm.forward(x, None)
+        for layer, next_norm in zip(layers, next_norms):
+            x, residual = layer.forward_split(x, residual, next_norm)
+        return x
+
+    def _split_o_down(self, x: torch.Tensor) -> bool:
+        """Project P1's o and down products split over their inputs, each with the
+        add-and-norm after it in its second kernel: when turned on (ENV), on a GPU in 16 bits,
+        at few rows (a decode step's), on one rank (more would have to add up their partial
+        products first), for gated MLPs whose o and down have no bias."""
+        from minisgl.kernel.triton.product_add_norm import MAX_ROWS
+
+        layers = self.layers.op_list
+        return (
+            ENV.SPLIT_O_DOWN
+            and x.dim() == 2
+            and x.shape[0] <= MAX_ROWS
+            and flashinfer_for(x) is not None
+            and tp_info_or_one().size == 1
+            and all(isinstance(layer.mlp, GatedMLP) for layer in layers)
+            and all(layer.self_attn.o_proj.bias is None for layer in layers)
+            and all(layer.mlp.down_proj.bias is None for layer in layers)
+        )
 
 
 class DecoderForCausalLM(BaseLLMModel):
