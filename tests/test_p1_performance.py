@@ -301,7 +301,14 @@ def test_both_engines_run_the_workload_with_the_same_settings() -> None:
 def test_the_profiles_count_the_books_triton_kernels_in_their_parts() -> None:
     """torch.profiler names a Triton kernel by its function: the profile's parts must know
     the book's own kernels, or they all land in "other kernels" (they did, on the H100)."""
-    from minisgl.kernel.triton import decode_attention, fused_moe, gate_up_silu, qk_norm_rope, store
+    from minisgl.kernel.triton import (
+        decode_attention,
+        fused_moe,
+        gate_up_silu,
+        product_add_norm,
+        qk_norm_rope,
+        store,
+    )
     from minisgl.kernel.triton import sample as sample_kernel
     from tools.bench_ablation import gpu_part
 
@@ -312,6 +319,8 @@ def test_the_profiles_count_the_books_triton_kernels_in_their_parts() -> None:
         store._store_kv_kernel: "KV store, embedding",
         fused_moe.fused_moe_kernel: "matrix products",
         gate_up_silu._gate_up_silu_kernel: "matrix products",  # its name says SiLU too
+        product_add_norm._slice_products: "matrix products",
+        product_add_norm._add_slices_rmsnorm: "norms, SiLU, RoPE",  # the slices' sum too
         sample_kernel._gumbel_max_kernel: "sampling",
     }
     assert {k.__name__: gpu_part(k.__name__) for k in expected} == {

@@ -219,7 +219,9 @@ SPLIT_SIZES_GPU = [1, 16, 64, 256]
 SPLIT_SIZES_CPU = [1, 8, 32]
 GPU_PARTS = [  # the first pattern a kernel's name contains decides its part
     ("matrix products", ("_gate_up_silu_kernel",)),  # a product that ends with SiLU (P1)
-    ("norms, SiLU, RoPE", ("RMSNorm", "norm::", "act_and_mul", "Rotary", "silu", "rope")),
+    ("norms, SiLU, RoPE", ("RMSNorm", "norm::", "act_and_mul", "Rotary", "silu", "rope",
+                           "_add_slices_rmsnorm")),
+    ("matrix products", ("_slice_products",)),  # o and down split over their inputs (P1)
     ("attention", ("BatchDecode", "BatchPrefill", "MergeStates", "flash_fwd", "Attention",
                    "_decode_piece_kernel", "_decode_merge_kernel")),
     ("matrix products", ("gemm", "Gemm", "GEMM", "cutlass", "nvjet", "xmma", "cublas", "splitK",
