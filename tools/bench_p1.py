@@ -396,7 +396,7 @@ def runs_table(
         "\n".join(rows) + f"\n\n{ratios}. The limit: {result.seconds:.2f} s, "
         f"{result.tokens_per_s:,.0f} output tokens/s ({result.hardware}). Measured on one "
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
-        f"{sum(len(r) for r in runs.values())} runs alternating.\n"
+        f"{sum(len(r) for r in runs.values())} runs in all ({rounds_words(runs)}), alternating.\n"
     )
 
 
@@ -444,6 +444,16 @@ def ab(before: str, after: str, rounds: int, out: Path, files: List[str] | None 
         shutil.rmtree(work, ignore_errors=True)
     out.write_text(runs_table(runs, workload_limit(this_gpu()), f"Ratio {after} / {before}"))
     print(out.read_text())
+
+
+def rounds_words(runs: Dict[str, List]) -> str:
+    """How many runs each engine made, in words: "3 rounds" where all made as many."""
+    counts = {len(r) for r in runs.values()}
+    if len(counts) == 1:
+        n = counts.pop()
+        engines = f"{len(runs)} engine{'s' if len(runs) != 1 else ''}"
+        return f"{n} round{'s' if n != 1 else ''} of {engines}"
+    return ", ".join(f"{label} {len(r)}" for label, r in runs.items())
 
 
 def variant_environment(settings: str) -> Dict[str, str]:
