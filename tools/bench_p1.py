@@ -1977,6 +1977,7 @@ def main() -> None:
     parser.add_argument("--after", default="P1")
     parser.add_argument("--files", help="ab: only these files (comma-separated) from --before")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--every", type=int, help="split-k-norm: every how many steps a batch")
     parser.add_argument("--official", type=Path, help="a folder holding upstream's minisgl")
     parser.add_argument("--official-site", type=Path, help="packages first on upstream's path")
     parser.add_argument(
@@ -2033,7 +2034,7 @@ def main() -> None:
     elif args.what == "split-k":
         split_k(args.out or SPLIT_K_OUT)
     elif args.what == "split-k-norm":
-        split_k_norm(args.out or SPLIT_K_NORM_OUT)
+        split_k_norm(args.out or SPLIT_K_NORM_OUT, args.every or 128)
     elif args.what == "compiled":
         from tools.compiled_kernel import OUT as COMPILED_OUT
         from tools.compiled_kernel import compiled
