@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List
+from typing import Callable, List, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -41,10 +41,16 @@ def gpu_microseconds(call: Callable[[], object]) -> float:
     median), so that the host's cost of launching does not count."""
     for _ in range(3):
         call()
+    return replay_microseconds([call] * 20)
+
+
+def replay_microseconds(calls: Sequence[Callable[[], object]]) -> float:
+    """The GPU's time per call of `calls`, captured one after another in a CUDA graph and
+    replayed 10 times (the median)."""
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(20):
+        for call in calls:
             call()
     times = []
     for _ in range(10):
@@ -53,7 +59,7 @@ def gpu_microseconds(call: Callable[[], object]) -> float:
         graph.replay()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / 20)
+        times.append(start.elapsed_time(end) * 1000 / len(calls))
     return statistics.median(times)
 
 

@@ -1706,27 +1706,14 @@ def split_k(out: Path) -> None:
 
 
 def cold_microseconds(calls: Sequence[Callable[[], object]]) -> float:
-    """The GPU's time per call of `calls`, captured one after another in a CUDA graph and
-    replayed 10 times (the median): each call reads its own weights, so none finds them in
+    """The GPU's time per call of `calls`, each run once and then all replayed in a CUDA
+    graph (`replay_microseconds`): each call reads its own weights, so none finds them in
     the L2 cache, as a layer of a decode step does not."""
-    import torch
+    from tools.bench_kernels import replay_microseconds
 
     for call in calls:
         call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    return statistics.median(times)
+    return replay_microseconds(calls)
 
 
 def split_k_norm_settings(batch: int) -> List[Tuple[int, int, int, int]]:
