@@ -1784,6 +1784,8 @@ def split_k_norm(out: Path, every: int = 128) -> None:
                     continue
                 if (name, batch) not in best or us < best[name, batch][0]:
                     best[name, batch] = (us, tile)
+            done = f"cuBLAS + add-and-norm {cublas[name, batch]}, split {engine[name, batch]:.2f}"
+            print(f"{name} {batch}: {done}, fastest {best[name, batch]}", flush=True)
             expected, stream = F.linear(x, weights[0]), residual.clone()
             flashinfer.fused_add_rmsnorm(expected, stream, norm_weight, eps)
             ours = residual.clone()
