@@ -1756,7 +1756,7 @@ def split_k_norm(out: Path, every: int = 128) -> None:
             torch.randn(n, k, generator=gen, device="cuda", dtype=torch.bfloat16) * k**-0.5
             for _ in range(COLD_WEIGHTS)
         ]
-        for batch in sorted({b for _, b, _ in shapes}):
+        for batch in sorted({b for _, b, _ in shapes}, reverse=True):  # the largest first
             x = torch.randn(batch, k, generator=gen, device="cuda", dtype=torch.bfloat16)
             residual = torch.randn(batch, n, generator=gen, device="cuda", dtype=torch.bfloat16)
 
