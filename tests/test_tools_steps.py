@@ -760,6 +760,47 @@ def test_a_test_reruns_for_a_name_only_if_its_own_code_reaches_it(tmp_path: Path
     assert "test_ch00_reads.py (1)" in out, out
 
 
+TOOLS_BOOK = {
+    "chapters/book.toml": 'package = "minisgl"\n'
+    'support = ["tests/support.py", "tools/__init__.py", "tools/old.py", "tools/later.py"]\n',
+    "chapters/ch00/minisgl/core.py": "VALUE = 0\nOLD = 0\n",
+    "tools/__init__.py": "",
+    "tools/old.py": "from minisgl.core import OLD\n",  # chapter 01 removes OLD
+    "tools/later.py": "from minisgl.later import LATER\n",  # a module no chapter here has
+    "tests/test_ch00_core.py": """
+        import minisgl.core
+        def test_value():
+            assert minisgl.core.VALUE in (0, 1)
+        def _with_the_old_tool():
+            import tools.old
+        """,
+    "tests/test_ch00_later.py": """
+        def test_plain():
+            assert 1 + 1 == 2
+        def _with_the_later_tool():
+            import tools.later
+        """,
+}
+
+
+def test_an_import_of_a_later_chapters_module_does_not_rerun_a_test(tmp_path: Path) -> None:
+    """A tool that imports a module a later chapter creates lacks it in every chapter before
+    that one: a test whose files can import the tool reruns only where a name they import was
+    there in its last chapter and is gone now (chapter 01 removes OLD from core.py)."""
+    keep = tmp_path / "kept"
+    book = make_book(tmp_path, TOOLS_BOOK)
+    manifest = book / "chapters/ch00/manifest.toml"
+    manifest.write_text(manifest.read_text().replace(
+        '"tests/test_ch00_core.py"]', '"tests/test_ch00_core.py", "tests/test_ch00_later.py"]'
+    ))  # fmt: skip
+    code, out = check(book, 0, 1, "--keep", str(keep))
+    assert code == 0, out
+    selection = (keep / "ch01" / "selection.txt").read_text()
+    assert "tools/old.py imports OLD from minisgl.core, which no longer has it" in selection
+    assert "minisgl.later" not in selection and "test_ch00_later" not in selection, selection
+    assert "test_ch00_later.py (1)" in out, out
+
+
 def test_a_fix_that_never_reached_a_later_version_of_its_file_still_fails(tmp_path: Path) -> None:
     """Chapter 00's version of core.py has the fix its test checks; chapter 01's version of
     the same file lost it. The test reruns in chapter 01 (core.py changed) and fails there."""

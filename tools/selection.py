@@ -11,7 +11,7 @@ ran, the tree changed (tools/changes.py):
   file and the files outside the package that it imports, the code the test can reach from
   its own name (tools/outside.py),
 * something a module it can import does at import time,
-* or whether a name its files import still exists;
+* or whether a name its files import, which the package had there, is gone;
 
 or if it did not pass there. A test file whose collection ran something that changed reruns
 whole, since it might now hold other tests. A chapter's own test files always run whole, and
@@ -154,6 +154,7 @@ class Selector:
         # test file, a test's function or class) -> what that test reads in them
         self._outside_reads: Dict[Tuple[str, ...], OutsideReads] = {}
         self._test_reads: Dict[Tuple[Tuple[str, ...], str, str], Set[str]] = {}
+        self._missing_imports: Dict[Tuple[Tuple[str, ...], int], List[str]] = {}
 
     # ----------------------------------------------------------------- records
     def remember(self, folder: Path, chapter: int) -> None:
@@ -240,6 +241,17 @@ class Selector:
             }
         return self._bound[chapter]
 
+    def _missing(self, outside: Dict[str, OutsideFile], chapter: int) -> List[str]:
+        """The imports of the `outside` files that chapter `chapter`'s package lacks. Only one
+        that a test's last chapter still had can change its result: a tool that imports a
+        module of a later chapter (tools/split_k.py) is missing in every chapter before it."""
+        key = (tuple(sorted(outside)), chapter)
+        if key not in self._missing_imports:
+            self._missing_imports[key] = missing_imports(
+                outside, self.book.package, self._package_names(chapter)
+            )
+        return self._missing_imports[key]
+
     # ----------------------------------------------------------------- choosing
     def select(
         self, chapter: Manifest, tree: Path, test_files: List[str], everything: bool
@@ -259,9 +271,7 @@ class Selector:
             outside = self._outside(
                 tree, sorted(f for f in closure if f.endswith(".py") and f not in package)
             )
-            missing = missing_imports(
-                outside, self.book.package, self._package_names(chapter.number)
-            )
+            missing = self._missing(outside, chapter.number)
             key = tuple(sorted(outside))
             if key not in self._outside_reads:
                 self._outside_reads[key] = OutsideReads(outside)
@@ -276,7 +286,8 @@ class Selector:
                     found = self._outside_reads[key].of(test_file, name)
                     self._test_reads[key, test_file, name] = found
                 change = self.change(record.chapter, chapter.number)
-                why = missing + change.reasons(
+                gone = [m for m in missing if m not in self._missing(outside, record.chapter)]
+                why = gone + change.reasons(
                     record.ran | record.collect,
                     self._reads(record, self._test_reads[key, test_file, name]),
                     package,
