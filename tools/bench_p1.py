@@ -447,7 +447,8 @@ def ab(before: str, after: str, rounds: int, out: Path, files: List[str] | None 
 
 
 def rounds_words(runs: Dict[str, List]) -> str:
-    """How many runs each engine made, in words: "3 rounds" where all made as many."""
+    """How many runs each engine made, in words: "3 rounds of 2 engines" where all made as
+    many, else each engine's count."""
     counts = {len(r) for r in runs.values()}
     if len(counts) == 1:
         n = counts.pop()
