@@ -135,11 +135,13 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Tuple
@@ -1717,6 +1719,17 @@ def cold_microseconds(calls: Sequence[Callable[[], object]]) -> float:
     return replay_microseconds(calls)
 
 
+def searched_words(unsearched: List[int], search_s: float) -> str:
+    """The table's sentence on batches that the search, past its time, left out."""
+    if not unsearched:
+        return ""
+    batches = ", ".join(map(str, sorted(unsearched)))
+    return (
+        f"The search stopped after {search_s:.0f} s: at batches {batches} the fastest is the "
+        f"engine's tile, untried against the others. "
+    )
+
+
 def split_k_norm_settings(batch: int) -> List[Tuple[int, int, int, int]]:
     """The settings split-k-norm tries at a batch: tiles of rows from a quarter of the batch
     (rounded up to a power of two) to all of it, as tl.dot allows (16 rows or more)."""
@@ -1724,11 +1737,13 @@ def split_k_norm_settings(batch: int) -> List[Tuple[int, int, int, int]]:
     return [s for s in SPLIT_K_NORM_SETTINGS if rows // 4 <= s[1] <= rows]
 
 
-def split_k_norm(out: Path, every: int = 128) -> None:
+def split_k_norm(out: Path, every: int = 128, search_s: float = math.inf) -> None:
     """o and down, each with the add-and-norm after it, at the run's decode batches: cuBLAS
     and FlashInfer against `product_add_rmsnorm` (minisgl/kernel/triton/product_add_norm.py)
     with the engine's tile and with the fastest of SPLIT_K_NORM_SETTINGS. Writes the table
-    and, beside it (.tiles), the fastest tiles as MINISGL_SPLIT_TILES takes them."""
+    and, beside it (.tiles), the fastest tiles as MINISGL_SPLIT_TILES takes them. Past
+    `search_s` seconds the batches left (the smallest) keep the engine's tile, so that a
+    short GPU call still ends with a whole table."""
     import flashinfer
     import torch
     import torch.nn.functional as F
@@ -1752,12 +1767,21 @@ def split_k_norm(out: Path, every: int = 128) -> None:
     engine: Dict[Tuple[str, int], float] = {}
     best: Dict[Tuple[str, int], Tuple[float, SplitTile]] = {}
     differ = [0.0, 0, 0]  # the largest difference; outputs that differ; outputs compared
-    for name, (k, n) in products.items():
-        weights = [
+    all_weights = {
+        name: [
             torch.randn(n, k, generator=gen, device="cuda", dtype=torch.bfloat16) * k**-0.5
             for _ in range(COLD_WEIGHTS)
         ]
-        for batch in sorted({b for _, b, _ in shapes}, reverse=True):  # the largest first
+        for name, (k, n) in products.items()
+    }
+    unsearched: List[int] = []
+    start = time.monotonic()
+    for batch in sorted({b for _, b, _ in shapes}, reverse=True):  # the largest first
+        search = time.monotonic() - start < search_s
+        if not search:
+            unsearched.append(batch)
+        for name, (k, n) in products.items():
+            weights = all_weights[name]
             x = torch.randn(batch, k, generator=gen, device="cuda", dtype=torch.bfloat16)
             residual = torch.randn(batch, n, generator=gen, device="cuda", dtype=torch.bfloat16)
 
@@ -1774,7 +1798,8 @@ def split_k_norm(out: Path, every: int = 128) -> None:
             calls = [functools.partial(unfused, w) for w in weights]
             cublas[name, batch] = (cold_microseconds(calls), warm_microseconds(calls[0]))
             engine[name, batch] = split(split_tile(k, batch))
-            for setting in split_k_norm_settings(batch):
+            best[name, batch] = (engine[name, batch], split_tile(k, batch))
+            for setting in split_k_norm_settings(batch) if search else []:
                 if k % (setting[0] * setting[3]):
                     continue
                 tile = SplitTile(*setting)
@@ -1783,7 +1808,7 @@ def split_k_norm(out: Path, every: int = 128) -> None:
                 except OutOfResources:  # more shared memory than an SM has
                     torch.cuda.synchronize()
                     continue
-                if (name, batch) not in best or us < best[name, batch][0]:
+                if us < best[name, batch][0]:
                     best[name, batch] = (us, tile)
             done = f"cuBLAS + add-and-norm {cublas[name, batch]}, split {engine[name, batch]:.2f}"
             print(f"{name} {batch}: {done}, fastest {best[name, batch]}", flush=True)
@@ -1841,7 +1866,8 @@ def split_k_norm(out: Path, every: int = 128) -> None:
         f"({hw.name}'s datasheet). Each timed as {COLD_WEIGHTS} calls in a CUDA graph, each "
         f"with its own copy of the weights, the median of 10 replays; with one copy, warm in "
         f"the L2, cuBLAS + add-and-norm take (us, at {shapes[0][1]} and {shapes[-1][1]} rows) "
-        f"{warm}. Largest difference from FlashInfer's result (normalised output and "
+        f"{warm}. {searched_words(unsearched, search_s)}Largest difference from "
+        f"FlashInfer's result (normalised output and "
         f"residual, bfloat16) {differ[0]:.3g}; {differ[1]} of {differ[2]} outputs differ. "
         f"{tokens}One {torch.cuda.get_device_name()}.\n"
     )
@@ -1968,6 +1994,13 @@ def main() -> None:
     parser.add_argument("--files", help="ab: only these files (comma-separated) from --before")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--every", type=int, help="split-k-norm: every how many steps a batch")
+    parser.add_argument(
+        "--search-s",
+        type=float,
+        default=math.inf,
+        help="split-k-norm: seconds for the search of tiles; smaller batches past it keep the "
+        "engine's tile",
+    )
     parser.add_argument("--official", type=Path, help="a folder holding upstream's minisgl")
     parser.add_argument("--official-site", type=Path, help="packages first on upstream's path")
     parser.add_argument(
@@ -2024,7 +2057,7 @@ def main() -> None:
     elif args.what == "split-k":
         split_k(args.out or SPLIT_K_OUT)
     elif args.what == "split-k-norm":
-        split_k_norm(args.out or SPLIT_K_NORM_OUT, args.every or 128)
+        split_k_norm(args.out or SPLIT_K_NORM_OUT, args.every or 128, args.search_s)
     elif args.what == "compiled":
         from tools.compiled_kernel import OUT as COMPILED_OUT
         from tools.compiled_kernel import compiled
