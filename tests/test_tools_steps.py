@@ -801,6 +801,26 @@ def test_an_import_of_a_later_chapters_module_does_not_rerun_a_test(tmp_path: Pa
     assert "test_ch00_later.py (1)" in out, out
 
 
+def test_no_file_that_every_tree_shares_imports_the_package_at_its_top() -> None:
+    """chapters/book.toml's support files are in every chapter's tree, and an earlier
+    chapter lacks a later one's modules: a tool imports the package inside the function that
+    needs it (tools/split_k.py once did at its top)."""
+    from tools.outside import read_outside
+
+    root = Path(__file__).resolve().parents[1]
+    book = Book(root)
+    files = []
+    for rel in book.support:
+        path = root / rel
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path] * rel.endswith(".py")
+    assert len(files) > 10
+    package = book.package
+    for path in files:
+        imports = read_outside(path.read_text(), path.relative_to(root).as_posix()).imports
+        top = [m for m, _ in imports if m == package or m.startswith(package + ".")]
+        assert not top, f"{path.relative_to(root)} imports {top} at its top"
+
+
 def test_a_fix_that_never_reached_a_later_version_of_its_file_still_fails(tmp_path: Path) -> None:
     """Chapter 00's version of core.py has the fix its test checks; chapter 01's version of
     the same file lost it. The test reruns in chapter 01 (core.py changed) and fails there."""

@@ -16,8 +16,6 @@ import torch
 import triton
 import triton.language as tl
 
-from minisgl.kernel.triton.product_add_norm import _slice_products
-
 
 @triton.jit
 def _add_slices(partial, out, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
@@ -43,6 +41,10 @@ def split_k_linear(
     of `block_n` and K of `split * block_k`; rows go in tiles of `block_m` (all in one tile if
     None); `partial` ([split, M, N] float32) and `out` may be given, to replay the call in a
     CUDA graph."""
+    # here, not at the top: every chapter's tree holds this file (chapters/book.toml), and
+    # the module exists from project P1 on
+    from minisgl.kernel.triton.product_add_norm import _slice_products
+
     (m, k), n = x.shape, weight.shape[0]
     assert n % block_n == 0 and k % (split * block_k) == 0, (n, k, split, block_n, block_k)
     if block_m is None:
