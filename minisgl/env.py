@@ -25,6 +25,9 @@
                                      products on a GPU in 16 bits, at up to 256 rows, as a
                                      Triton product split over its inputs whose second kernel
                                      is the add-and-norm after it (project P1)
+    ENV.SPLIT_DOWN_SILU              with SPLIT_O_DOWN, down's kernel makes silu(gate) * up
+                                     as it loads its input, where the gate/up kernel did
+                                     not; MINISGL_SPLIT_DOWN_SILU=0 runs FlashInfer's SiLU
     ENV.SPLIT_TILES                  MINISGL_SPLIT_TILES="2048:64=4,16,32,128;..." changes
                                      that kernel's tiles (P1's measurements)
     ENV.GUMBEL_SAMPLING              temperature sampling without top-k/top-p by the Triton
@@ -114,6 +117,7 @@ class EnvClassSingleton:
     TRITON_PDL = EnvBool(False)
     FUSED_GATE_UP_SILU = EnvBool(True)
     SPLIT_O_DOWN = EnvBool(False)
+    SPLIT_DOWN_SILU = EnvBool(True)
     SPLIT_TILES = EnvVar("", str)
     GUMBEL_SAMPLING = EnvBool(True)
     # how the shell (python -m minisgl.shell, chapter 15) samples its answers

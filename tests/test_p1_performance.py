@@ -1196,6 +1196,29 @@ def test_the_split_product_adds_to_the_stream_and_normalises_it(rows: int) -> No
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 40])
+def test_the_split_product_can_make_silu_and_mul_of_its_input(rows: int) -> None:
+    """Gated: the product's input is silu(gate) * up of the gate/up output [rows, 2 x 200]
+    (interpreter, float32), made as the kernel loads it."""
+    import torch.nn.functional as F
+
+    from minisgl.kernel.triton.product_add_norm import SplitTile, product_add_rmsnorm
+
+    gen = torch.Generator().manual_seed(100 + rows)
+    gate_up, weight = torch.randn(rows, 400, generator=gen), torch.randn(72, 200, generator=gen)
+    norm_weight = 0.5 + torch.rand(72, generator=gen)
+    start = torch.randn(rows, 72, generator=gen)
+    stream = F.linear(F.silu(gate_up[:, :200]) * gate_up[:, 200:], weight) + start
+    expected = stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_weight
+    for tile in (None, SplitTile(3, 16, 32, 32)):
+        residual = start.clone()
+        got = product_add_rmsnorm(gate_up, weight, residual, norm_weight, 1e-6, tile, gated=True)
+        torch.testing.assert_close(residual, stream, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(AssertionError):  # an input of K columns is not gated
+        product_add_rmsnorm(gate_up[:, :200], weight, start.clone(), norm_weight, 1e-6, gated=True)
+
+
 def test_the_split_tiles_cover_every_decode_batch_and_parse_from_the_environment(
     monkeypatch,
 ) -> None:
@@ -1214,13 +1237,28 @@ def test_the_split_tiles_cover_every_decode_batch_and_parse_from_the_environment
     assert split.split_tile(2048, 1) is split.SPLIT_TILES[2048][0][1]  # K not given: the table
 
 
-def test_the_model_splits_o_and_down_only_where_asked(model_path, monkeypatch) -> None:
+@pytest.mark.parametrize("gate_up_kernel", [True, False])
+def test_the_model_splits_o_and_down_only_where_asked(
+    model_path, monkeypatch, gate_up_kernel: bool
+) -> None:
     """A tiny Qwen3 (float32, the interpreter standing in for the GPU) gives the same logits
     and tokens with o and down split, each ending with the add-and-norm after it, as without;
-    the split form runs only when turned on, on a GPU, at up to MAX_ROWS rows."""
+    the split form runs only when turned on, on a GPU, at up to MAX_ROWS rows. Down makes
+    SiLU itself where the gate/up kernel does not run (turned off here, or above its rows)."""
+    from minisgl.kernel.triton import product_add_norm
     from minisgl.kernel.triton.product_add_norm import MAX_ROWS
     from minisgl.llm import LLM
     from minisgl.models import utils
+
+    monkeypatch.setattr(ENV.FUSED_GATE_UP_SILU, "value", gate_up_kernel)
+    gated: List[bool] = []
+    split_product = product_add_norm.product_add_rmsnorm
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        gated.append(kwargs.get("gated", False))
+        return split_product(*args, **kwargs)
+
+    monkeypatch.setattr(product_add_norm, "product_add_rmsnorm", spy)
 
     def run(split: bool) -> Any:
         monkeypatch.setattr(ENV.SPLIT_O_DOWN, "value", split)
@@ -1249,6 +1287,7 @@ def test_the_model_splits_o_and_down_only_where_asked(model_path, monkeypatch) -
     tokens, logits, _ = run(split=True)
     layers = len(model.layers.op_list)
     assert len(calls) == 3 * layers  # one prefill and two decode steps, every layer
+    assert gated == [False, not gate_up_kernel] * len(calls)  # o, then down
     assert tokens == plain_tokens and len(tokens[0]) == 3
     torch.testing.assert_close(logits, plain_logits, rtol=1e-4, atol=1e-4)
     hidden = model.embed_tokens.weight.shape[1]

@@ -66,6 +66,20 @@ class GatedMLP(BaseOP):
             return gate_up_silu_triton(x, self.gate_up_proj.weight)
         return self.act_fn(self.gate_up_proj.forward(x))
 
+    def down_input(self, x: torch.Tensor) -> Tuple[torch.Tensor, bool]:
+        """The down product's input in project P1's split form (`DecoderLayer.forward_split`),
+        and whether SiLU is left to down's kernel: the gate/up product alone (True) where the
+        gate/up kernel did not take SiLU in and `ENV.SPLIT_DOWN_SILU` is on; else
+        act(gate(x)) * up(x) (False)."""
+        if (
+            ENV.SPLIT_DOWN_SILU
+            and self.act_fn is silu_and_mul
+            and self.gate_up_proj.bias is None
+            and not self._fused_gate_up_silu(x)
+        ):
+            return self.gate_up_proj.forward(x), True
+        return self.activate(x), False
+
     def _fused_gate_up_silu(self, x: torch.Tensor) -> bool:
         """Project P1's kernel for the gate/up product and SiLU: unless turned off (ENV), for
         SiLU without a bias, on a GPU in 16 bits, at few rows (a decode step's, mostly)."""
@@ -183,9 +197,11 @@ class DecoderLayer(BaseOP):
         heads = self.self_attn.attend(x)
         o_weight = self.self_attn.o_proj.weight
         x = product_add_rmsnorm(heads, o_weight, residual, after_attn.weight, after_attn.eps)
-        hidden = self.mlp.activate(x)
+        hidden, gated = self.mlp.down_input(x)
         down_weight = self.mlp.down_proj.weight
-        x = product_add_rmsnorm(hidden, down_weight, residual, after_mlp.weight, after_mlp.eps)
+        x = product_add_rmsnorm(
+            hidden, down_weight, residual, after_mlp.weight, after_mlp.eps, gated=gated
+        )
         return x, residual
 
 

@@ -13,6 +13,10 @@ the product to the stream's dtype (as cuBLAS's output is), adds it to the residu
 stores the sum rounded, and writes the RMS norm of the unrounded sum, as FlashInfer does. Two
 launches, as before; the slices' sum costs none of its own.
 
+With `gated`, the product's input is the MLP's silu(gate) * up, made while it is loaded from
+the gate/up product's output [rows, 2 x inputs] (gate first) and rounded to its dtype as
+FlashInfer's `silu_and_mul` rounds it: down then needs no SiLU kernel before it.
+
 Sums run in another order than cuBLAS's and FlashInfer's, so 16-bit results may differ from
 theirs in the last bit. For up to `MAX_ROWS` rows; on a CPU it runs under ``TRITON_INTERPRET=1``
 (the tests, in float32).
@@ -83,7 +87,7 @@ def split_tile(k: int, rows: int) -> SplitTile:
 
 @triton.jit
 def _slice_products(
-    x,  # [M, K]
+    x,  # [M, K], or [M, 2K] (gate, up) when GATED
     weight,  # [N, K]
     partial,  # [SLICES, M, N] float32
     M,
@@ -95,6 +99,7 @@ def _slice_products(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,  # "ieee" for float32 inputs (exact products, not TF32)
+    GATED: tl.constexpr = False,  # the input is silu(x[:, :K]) * x[:, K:]
 ):
     tile, piece, row_tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -104,8 +109,13 @@ def _slice_products(
     for start in range(0, K_SLICE, BLOCK_K):
         inputs = piece * K_SLICE + start + tl.arange(0, BLOCK_K)
         input_in = inputs < K
-        a = tl.load(x + rows[:, None] * x_stride + inputs[None, :],
-                    mask=row_in[:, None] & input_in[None, :], other=0.0)  # fmt: skip
+        at_x = x + rows[:, None] * x_stride + inputs[None, :]
+        inside = row_in[:, None] & input_in[None, :]
+        a = tl.load(at_x, mask=inside, other=0.0)
+        if GATED:
+            gate = a.to(tl.float32)
+            up = tl.load(at_x + K, mask=inside, other=0.0).to(tl.float32)
+            a = (gate * tl.sigmoid(gate) * up).to(x.dtype.element_ty)
         b = tl.load(weight + outputs[:, None] * K + inputs[None, :],
                     mask=output_in[:, None] & input_in[None, :], other=0.0)  # fmt: skip
         acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
@@ -147,14 +157,15 @@ def product_add_rmsnorm(
     norm_weight: torch.Tensor,
     eps: float,
     tile: SplitTile | None = None,
+    gated: bool = False,
 ) -> torch.Tensor:
     """What `y = F.linear(x, weight)` and FlashInfer's `fused_add_rmsnorm(y, residual,
     norm_weight, eps)` compute: `residual` becomes residual + y (in place), and the RMS norm
-    of that sum is returned. `tile` overrides the table's."""
-    (rows, k), (n, k_w) = x.shape, weight.shape
-    assert k == k_w and residual.shape == (rows, n) and residual.is_contiguous(), (
-        x.shape, weight.shape, residual.shape
-    )  # fmt: skip
+    of that sum is returned; with `gated`, `y = F.linear(silu_and_mul(x), weight)`. `tile`
+    overrides the table's."""
+    (rows, columns), (n, k) = x.shape, weight.shape
+    assert columns == (2 * k if gated else k), (x.shape, weight.shape, gated)
+    assert residual.shape == (rows, n) and residual.is_contiguous(), (x.shape, residual.shape)
     assert x.stride(1) == 1 and weight.is_contiguous() and x.dtype == weight.dtype
     out = torch.empty_like(residual)
     if rows == 0:
@@ -177,6 +188,7 @@ def product_add_rmsnorm(
         BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # 16 bits: no effect
+        GATED=gated,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
     )
