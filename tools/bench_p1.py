@@ -144,7 +144,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Set, Tuple
 
 if TYPE_CHECKING:
     import torch
@@ -1719,6 +1719,17 @@ def cold_microseconds(calls: Sequence[Callable[[], object]]) -> float:
     return replay_microseconds(calls)
 
 
+def gated_words(batches: Set[int], gate_up_rows: int) -> str:
+    """The table's sentence on the batches where down's columns include its input's SiLU."""
+    if not batches:
+        return ""
+    return (
+        f"At batches {min(batches)} to {max(batches)} down's columns include its input's SiLU "
+        f"(above {gate_up_rows} rows the gate/up kernel does not make it): FlashInfer's "
+        f"`silu_and_mul` before cuBLAS, made as the split kernel loads it. "
+    )
+
+
 def searched_words(unsearched: List[int], search_s: float) -> str:
     """The table's sentence on batches that the search, past its time, left out."""
     if not unsearched:
@@ -1750,6 +1761,8 @@ def split_k_norm(out: Path, every: int = 128, search_s: float = math.inf) -> Non
     from triton.runtime.errors import OutOfResources
 
     from minisgl.engine.graph import _determine_cuda_graph_bs
+    from minisgl.env import ENV
+    from minisgl.kernel.triton.gate_up_silu import MAX_ROWS as GATE_UP_MAX_ROWS
     from minisgl.kernel.triton.product_add_norm import SplitTile, product_add_rmsnorm, split_tile
     from tools.bench_gpu import QWEN3_0_6B
     from tools.bench_kernels import gpu_microseconds as warm_microseconds
@@ -1775,6 +1788,7 @@ def split_k_norm(out: Path, every: int = 128, search_s: float = math.inf) -> Non
         for name, (k, n) in products.items()
     }
     unsearched: List[int] = []
+    gated_batches: Set[int] = set()
     start = time.monotonic()
     for batch in sorted({b for _, b, _ in shapes}, reverse=True):  # the largest first
         search = time.monotonic() - start < search_s
@@ -1782,16 +1796,30 @@ def split_k_norm(out: Path, every: int = 128, search_s: float = math.inf) -> Non
             unsearched.append(batch)
         for name, (k, n) in products.items():
             weights = all_weights[name]
-            x = torch.randn(batch, k, generator=gen, device="cuda", dtype=torch.bfloat16)
+            # as the engine runs down (GatedMLP.down_input): its input's SiLU made by down's
+            # kernel where the gate/up kernel does not make it, by FlashInfer's if unfused
+            gated = (
+                name == "down"
+                and ENV.SPLIT_DOWN_SILU
+                and not (ENV.FUSED_GATE_UP_SILU and batch <= GATE_UP_MAX_ROWS)
+            )
+            if gated:
+                gated_batches.add(batch)
+            width = 2 * k if gated else k
+            x = torch.randn(batch, width, generator=gen, device="cuda", dtype=torch.bfloat16)
             residual = torch.randn(batch, n, generator=gen, device="cuda", dtype=torch.bfloat16)
 
-            def unfused(weight: torch.Tensor) -> None:
-                y = F.linear(x, weight)  # noqa: B023
+            def unfused(weight: torch.Tensor) -> torch.Tensor:
+                y = F.linear(flashinfer.silu_and_mul(x) if gated else x, weight)  # noqa: B023
                 flashinfer.fused_add_rmsnorm(y, residual, norm_weight, eps)  # noqa: B023
+                return y
 
-            def split(tile: SplitTile, x=x, residual=residual, weights=weights) -> float:
+            def split(
+                tile: SplitTile, x=x, residual=residual, weights=weights, gated=gated
+            ) -> float:
                 return cold_microseconds([
-                    functools.partial(product_add_rmsnorm, x, w, residual, norm_weight, eps, tile)
+                    functools.partial(product_add_rmsnorm, x, w, residual, norm_weight, eps, tile,
+                                      gated)
                     for w in weights
                 ])  # fmt: skip
 
@@ -1812,10 +1840,11 @@ def split_k_norm(out: Path, every: int = 128, search_s: float = math.inf) -> Non
                     best[name, batch] = (us, tile)
             done = f"cuBLAS + add-and-norm {cublas[name, batch]}, split {engine[name, batch]:.2f}"
             print(f"{name} {batch}: {done}, fastest {best[name, batch]}", flush=True)
-            expected, stream = F.linear(x, weights[0]), residual.clone()
-            flashinfer.fused_add_rmsnorm(expected, stream, norm_weight, eps)
             ours = residual.clone()
-            got = product_add_rmsnorm(x, weights[0], ours, norm_weight, eps, best[name, batch][1])
+            expected = unfused(weights[0])  # normalised in place of the product
+            stream = residual  # the unfused path's residual, after it
+            best_tile = best[name, batch][1]
+            got = product_add_rmsnorm(x, weights[0], ours, norm_weight, eps, best_tile, gated)
             gap = (got.float() - expected.float()).abs()
             stream_gap = (ours.float() - stream.float()).abs().max().item()
             differ[0] = max(differ[0], gap.max().item(), stream_gap)
@@ -1866,7 +1895,8 @@ def split_k_norm(out: Path, every: int = 128, search_s: float = math.inf) -> Non
         f"({hw.name}'s datasheet). Each timed as {COLD_WEIGHTS} calls in a CUDA graph, each "
         f"with its own copy of the weights, the median of 10 replays; with one copy, warm in "
         f"the L2, cuBLAS + add-and-norm take (us, at {shapes[0][1]} and {shapes[-1][1]} rows) "
-        f"{warm}. {searched_words(unsearched, search_s)}Largest difference from "
+        f"{warm}. {gated_words(gated_batches, GATE_UP_MAX_ROWS)}"
+        f"{searched_words(unsearched, search_s)}Largest difference from "
         f"FlashInfer's result (normalised output and "
         f"residual, bfloat16) {differ[0]:.3g}; {differ[1]} of {differ[2]} outputs differ. "
         f"{tokens}One {torch.cuda.get_device_name()}.\n"
