@@ -1761,9 +1761,9 @@ def split_k_norm(out: Path, every: int = 128, search_s: float = math.inf) -> Non
     from triton.runtime.errors import OutOfResources
 
     from minisgl.engine.graph import _determine_cuda_graph_bs
-    from minisgl.env import ENV
     from minisgl.kernel.triton.gate_up_silu import MAX_ROWS as GATE_UP_MAX_ROWS
     from minisgl.kernel.triton.product_add_norm import SplitTile, product_add_rmsnorm, split_tile
+    from minisgl.models.utils import split_down_makes_silu
     from tools.bench_gpu import QWEN3_0_6B
     from tools.bench_kernels import gpu_microseconds as warm_microseconds
 
@@ -1796,13 +1796,9 @@ def split_k_norm(out: Path, every: int = 128, search_s: float = math.inf) -> Non
             unsearched.append(batch)
         for name, (k, n) in products.items():
             weights = all_weights[name]
-            # as the engine runs down (GatedMLP.down_input): its input's SiLU made by down's
-            # kernel where the gate/up kernel does not make it, by FlashInfer's if unfused
-            gated = (
-                name == "down"
-                and ENV.SPLIT_DOWN_SILU
-                and not (ENV.FUSED_GATE_UP_SILU and batch <= GATE_UP_MAX_ROWS)
-            )
+            # down as the engine runs it: its input's SiLU made by down's kernel where the
+            # engine leaves it there, by FlashInfer's in the unfused path
+            gated = name == "down" and split_down_makes_silu(batch)
             if gated:
                 gated_batches.add(batch)
             width = 2 * k if gated else k

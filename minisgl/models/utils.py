@@ -37,6 +37,15 @@ if TYPE_CHECKING:
     from .config import ModelConfig
 
 
+def split_down_makes_silu(rows: int) -> bool:
+    """In project P1's split form (on a GPU, an MLP of SiLU without bias), whether down's
+    kernel makes its input's SiLU at `rows` rows: unless turned off (ENV.SPLIT_DOWN_SILU),
+    wherever the gate/up kernel does not (turned off, or above its MAX_ROWS)."""
+    from minisgl.kernel.triton.gate_up_silu import MAX_ROWS
+
+    return bool(ENV.SPLIT_DOWN_SILU) and not (ENV.FUSED_GATE_UP_SILU and rows <= MAX_ROWS)
+
+
 class GatedMLP(BaseOP):
     """down(act(gate(x)) * up(x)), with gate and up in one matrix."""
 
@@ -72,10 +81,9 @@ class GatedMLP(BaseOP):
         gate/up kernel did not take SiLU in and `ENV.SPLIT_DOWN_SILU` is on; else
         act(gate(x)) * up(x) (False)."""
         if (
-            ENV.SPLIT_DOWN_SILU
-            and self.act_fn is silu_and_mul
+            self.act_fn is silu_and_mul
             and self.gate_up_proj.bias is None
-            and not self._fused_gate_up_silu(x)
+            and split_down_makes_silu(x.shape[0])
         ):
             return self.gate_up_proj.forward(x), True
         return self.activate(x), False
