@@ -101,6 +101,25 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+# The longest test files, whose tests make nothing at module scope: xdist may give their tests to
+# different workers, one by one. Every other file goes whole to one worker (`--dist loadgroup`
+# in pyproject.toml, one group per file), so that its module-scoped server or models are made
+# once. Whole, test_tools_steps.py alone kept one worker busy for 4 minutes here after the other
+# had run out of files (7m14s for the run on a slow 2-core machine; with its tests spread, 6m17s).
+SPREAD_FILES = frozenset(
+    {"test_tools_steps.py", "test_p1_performance.py", "test_tools_benchmark_scripts.py"}
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the tests
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):  # the tools run one process, no groups
+        return
+    for item in items:
+        if item.path.name not in SPREAD_FILES:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
+
+
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     # A worker shares the cores with the others: with as many threads as cores each, they would
     # spin waiting for one another (the whole run took twice as long here). What a test starts
